@@ -1,0 +1,47 @@
+# LLM control panel. `make` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: help venv run test lint format migrate check-deploy clean
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is needed, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	@touch $@
+
+venv: $(STAMP) ## Create .venv and install the panel with its dev tools
+
+run: $(STAMP) ## Run the panel (embedded: SQLite, in-process worker, demo fleet) on http://127.0.0.1:8000
+	$(PY) manage.py serve --demo --host $(HOST) --port $(PORT)
+
+test: $(STAMP) ## Run the whole suite: unit tests on SQLite, then everything on PostgreSQL + Redis
+	$(PY) scripts/run_tests.py
+
+lint: $(STAMP) ## ruff check + format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP) ## Format the code with ruff
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+migrate: $(STAMP) ## Apply migrations to the configured database
+	$(PY) manage.py migrate
+
+check-deploy: $(STAMP) ## Django's deployment checks with production-like settings
+	$(PY) scripts/check_deploy.py
+
+clean: ## Remove the virtualenv and local data (var/)
+	rm -rf $(VENV) var staticfiles .pytest_cache .ruff_cache

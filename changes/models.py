@@ -1,0 +1,1 @@
+"""Change requests arrive with the review workflow; until then the app shows config history."""

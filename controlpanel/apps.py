@@ -1,0 +1,12 @@
+from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+
+class ControlPanelConfig(AppConfig):
+    name = "controlpanel"
+    verbose_name = "Control panel"
+
+    def ready(self):
+        from controlpanel.roles import sync_roles_after_migrate
+
+        post_migrate.connect(sync_roles_after_migrate, dispatch_uid="controlpanel.sync_roles")

@@ -1,0 +1,35 @@
+"""Values every page needs: the navigation the user may see, their roles, the currency."""
+
+from django.conf import settings
+from django.urls import reverse
+
+from controlpanel.roles import role_names
+
+NAVIGATION = (
+    ("Dashboard", "dashboard", "hosts.view_host"),
+    ("Hosts", "hosts:list", "hosts.view_host"),
+    ("Benchmarks", "benchmarks:list", "benchmarks.view_benchmarkrun"),
+    ("Changes", "changes:list", "hosts.view_engineconfig"),
+    ("Cost", "cost", "benchmarks.view_benchmarkrun"),
+    ("Audit log", "audit", "controlpanel.view_auditentry"),
+)
+
+
+def panel(request):
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return {"nav": [], "roles": [], "currency": settings.PANEL_CURRENCY}
+    path = request.path
+    nav = []
+    for label, name, perm in NAVIGATION:
+        if not user.has_perm(perm):
+            continue
+        url = reverse(name)
+        active = path == url if url == "/" else path.startswith(url)
+        nav.append({"label": label, "url": url, "active": active})
+    return {
+        "nav": nav,
+        "roles": role_names(user),
+        "currency": settings.PANEL_CURRENCY,
+        "embedded": settings.EMBEDDED,
+    }

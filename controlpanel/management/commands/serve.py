@@ -1,0 +1,59 @@
+"""``manage.py serve``: the panel over ASGI (uvicorn), with the embedded worker when embedded."""
+
+from __future__ import annotations
+
+import uvicorn
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+
+class Command(BaseCommand):
+    help = (
+        "Serve the panel with uvicorn. Embedded mode (REDIS_URL unset) also runs a Celery "
+        "worker and beat in this process. --demo first migrates, collects static files, "
+        "creates the demo logins and seeds a demo fleet."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--demo", action="store_true", help="prepare and seed demo data")
+        parser.add_argument(
+            "--no-worker", action="store_true", help="do not start the embedded worker and beat"
+        )
+
+    def handle(self, *args, host, port, demo, no_worker, **options):
+        if demo:
+            call_command("migrate", interactive=False, verbosity=0)
+            call_command("collectstatic", interactive=False, verbosity=0)
+            call_command("seed_demo", stdout=self.stdout)
+
+        runtime = None
+        if settings.EMBEDDED and not no_worker:
+            from controlpanel.celery import app
+            from controlpanel.embedded import EmbeddedRuntime
+
+            runtime = EmbeddedRuntime(app, concurrency=settings.EMBEDDED_WORKER_CONCURRENCY)
+            runtime.start()
+        elif not settings.EMBEDDED:
+            self.stdout.write("Production mode: run `celery -A controlpanel worker` and `beat`.")
+
+        self.stdout.write(self.style.SUCCESS(f"Control panel on http://{host}:{port}/"))
+        self.stdout.flush()
+        try:
+            # One process: the in-memory broker and channel layer cannot span several.
+            uvicorn.run(
+                "controlpanel.asgi:application",
+                host=host,
+                port=port,
+                workers=1,
+                lifespan="off",
+                log_level=settings.LOGGING["root"]["level"].lower(),
+                proxy_headers=True,
+            )
+        except SystemExit as exc:
+            raise CommandError(f"uvicorn stopped: {exc}") from None
+        finally:
+            if runtime is not None:
+                runtime.stop()

@@ -1,0 +1,261 @@
+"""Settings for the control panel: one file, everything from the environment.
+
+Two modes share this file. With ``REDIS_URL`` unset the panel runs *embedded*: SQLite under
+``var/``, a Celery worker and beat running as threads inside the web process on Celery's in-memory
+transport, and Channels' in-memory layer. With ``REDIS_URL`` set it runs in *production* mode:
+Redis is the Celery broker and the Channels layer, and web, worker and beat are separate
+processes (see docker-compose.yml). README.md documents every variable read here.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from controlpanel.env import (
+    EnvError,
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_secret,
+    env_str,
+    env_url,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _settings():
+    # Wrapped so that every EnvError surfaces as ImproperlyConfigured with the variable's name.
+    try:
+        return _read()
+    except EnvError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
+
+
+def _read():
+    var_dir = Path(env_str("VAR_DIR", str(BASE_DIR / "var"))).resolve()
+    redis_url = env_url("REDIS_URL", None, ("redis", "rediss", "unix"))
+    embedded = redis_url is None
+    debug = env_bool("DEBUG", False)
+
+    secret_key = env_secret("SECRET_KEY")
+    if not secret_key:
+        if not embedded:
+            raise EnvError("SECRET_KEY", "", "a secret (or SECRET_KEY_FILE) in production mode")
+        secret_key = _embedded_secret_key(var_dir)
+
+    default_db = f"sqlite:///{var_dir / 'db.sqlite3'}"
+    database_url = env_url(
+        "DATABASE_URL", default_db, ("sqlite", "postgres", "postgresql", "pgsql")
+    )
+    try:
+        database = dj_database_url.parse(
+            database_url, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0)
+        )
+    except ValueError as exc:
+        raise EnvError("DATABASE_URL", database_url, f"a database URL ({exc})") from None
+    if database["ENGINE"] == "django.db.backends.sqlite3":
+        database.setdefault("OPTIONS", {}).update(
+            {
+                # The embedded worker threads write while the web thread reads: WAL lets readers
+                # proceed and IMMEDIATE transactions make writers queue instead of deadlocking.
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+            }
+        )
+    # Behind TLS (a proxy or load balancer) in production; plain http on 127.0.0.1 when embedded.
+    https = env_bool("HTTPS", not embedded)
+    return {
+        "VAR_DIR": var_dir,
+        "STATIC_ROOT": Path(env_str("STATIC_ROOT", str(var_dir / "static"))),
+        "REDIS_URL": redis_url,
+        "EMBEDDED": embedded,
+        "DEBUG": debug,
+        "SECRET_KEY": secret_key,
+        "DATABASE": database,
+        "HTTPS": https,
+        "ALLOWED_HOSTS": env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"]),
+        "CSRF_TRUSTED_ORIGINS": env_list("CSRF_TRUSTED_ORIGINS", []),
+        "TRUST_X_FORWARDED_PROTO": env_bool("TRUST_X_FORWARDED_PROTO", False),
+        "HSTS_SECONDS": env_int("SECURE_HSTS_SECONDS", 31536000 if https else 0, minimum=0),
+        "HSTS_SUBDOMAINS": env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", https),
+        "HSTS_PRELOAD": env_bool("SECURE_HSTS_PRELOAD", https),
+        "TIME_ZONE": env_str("TIME_ZONE", "UTC"),
+        "LOG_LEVEL": env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR")),
+        "TASK_TIME_LIMIT": env_int("CELERY_TASK_TIME_LIMIT", 900, minimum=1),
+        "EMBEDDED_WORKER_CONCURRENCY": env_int("EMBEDDED_WORKER_CONCURRENCY", 4, minimum=1),
+        "HOST_CHECK_INTERVAL": env_float("HOST_CHECK_INTERVAL_SECONDS", 300.0, minimum=0),
+        "HOST_CHECK_TIMEOUT": env_float("HOST_CHECK_TIMEOUT_SECONDS", 3.0, minimum=0.1),
+        "HOST_CHECK_RETENTION_DAYS": env_int("HOST_CHECK_RETENTION_DAYS", 7, minimum=1),
+        "CURRENCY": env_str("PANEL_CURRENCY", "USD"),
+    }
+
+
+def _embedded_secret_key(var_dir: Path) -> str:
+    """A key kept under var/ so logins survive restarts of the embedded panel."""
+    path = var_dir / "secret_key"
+    if path.exists():
+        return path.read_text().strip()
+    var_dir.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(50)
+    path.touch(mode=0o600)
+    path.write_text(key)
+    return key
+
+
+_env = _settings()
+
+VAR_DIR = _env["VAR_DIR"]
+EMBEDDED = _env["EMBEDDED"]
+DEBUG = _env["DEBUG"]
+SECRET_KEY = _env["SECRET_KEY"]
+ALLOWED_HOSTS = _env["ALLOWED_HOSTS"]
+CSRF_TRUSTED_ORIGINS = _env["CSRF_TRUSTED_ORIGINS"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "channels",
+    "controlpanel",
+    "hosts",
+    "benchmarks",
+    "changes",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Every page needs a login unless its view is marked @login_not_required.
+    "django.contrib.auth.middleware.LoginRequiredMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlpanel.urls"
+ASGI_APPLICATION = "controlpanel.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "controlpanel.context_processors.panel",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": _env["DATABASE"]}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = _env["TIME_ZONE"]
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = _env["STATIC_ROOT"]
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    # plotly.js comes from the installed plotly package, so its version follows the pin.
+    "controlpanel.staticfinders.PlotlyJsFinder",
+]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+
+# --- Security ------------------------------------------------------------------------------
+HTTPS = _env["HTTPS"]
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SECURE_SSL_REDIRECT = HTTPS
+SECURE_HSTS_SECONDS = _env["HSTS_SECONDS"]
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _env["HSTS_SUBDOMAINS"]
+SECURE_HSTS_PRELOAD = _env["HSTS_PRELOAD"]
+if _env["TRUST_X_FORWARDED_PROTO"]:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# The health endpoint is probed over plain http inside the compose network.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+
+# --- Celery --------------------------------------------------------------------------------
+REDIS_URL = _env["REDIS_URL"]
+CELERY_BROKER_URL = REDIS_URL or "memory://localhost/"
+# Every background operation records its outcome on its own row, so results are not kept.
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_TIME_LIMIT = _env["TASK_TIME_LIMIT"]
+CELERY_TASK_SOFT_TIME_LIMIT = max(1, _env["TASK_TIME_LIMIT"] - 30)
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Lets `celery inspect ping -d celerybeat@HOST` (the compose healthcheck) reach beat too.
+CELERY_BEAT_ENABLE_REMOTE_CONTROL = not EMBEDDED
+HOST_CHECK_INTERVAL = _env["HOST_CHECK_INTERVAL"]
+HOST_CHECK_TIMEOUT = _env["HOST_CHECK_TIMEOUT"]
+HOST_CHECK_RETENTION_DAYS = _env["HOST_CHECK_RETENTION_DAYS"]
+CELERY_BEAT_SCHEDULE = {}
+if HOST_CHECK_INTERVAL > 0:
+    CELERY_BEAT_SCHEDULE["check-all-hosts"] = {
+        "task": "hosts.tasks.check_all_hosts",
+        "schedule": HOST_CHECK_INTERVAL,
+    }
+EMBEDDED_WORKER_CONCURRENCY = _env["EMBEDDED_WORKER_CONCURRENCY"]
+
+# --- Channels ------------------------------------------------------------------------------
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+PANEL_CURRENCY = _env["CURRENCY"]
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": _env["LOG_LEVEL"]},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}

@@ -1,0 +1,19 @@
+"""URL map of the whole panel."""
+
+from django.contrib import admin
+from django.urls import include, path
+
+from benchmarks import views as benchmark_views
+from controlpanel import views
+
+urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
+    path("healthz", views.healthz, name="healthz"),
+    path("audit/", views.audit_log, name="audit"),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("admin/", admin.site.urls),
+    path("hosts/", include("hosts.urls")),
+    path("benchmarks/", include("benchmarks.urls")),
+    path("changes/", include("changes.urls")),
+    path("cost/", benchmark_views.cost, name="cost"),
+]

@@ -1,0 +1,71 @@
+"""The home dashboard, the audit log and the health endpoint."""
+
+from decimal import Decimal
+
+from django.contrib.auth.decorators import login_not_required, permission_required
+from django.core.paginator import Paginator
+from django.db import connection
+from django.db.models import Count, Sum
+from django.http import JsonResponse
+from django.shortcuts import render
+from django.views.decorators.cache import never_cache
+
+from benchmarks.models import BenchmarkRun
+from controlpanel.models import AuditEntry
+from hosts.models import Deployment, Gpu, Host, HostCheck
+
+
+@permission_required("hosts.view_host", raise_exception=True)
+def dashboard(request):
+    hosts = list(Host.objects.annotate(gpu_count=Count("gpus")))
+    gpu_memory = dict(
+        Gpu.objects.values_list("host__name").annotate(total=Sum("memory_bytes")).order_by()
+    )
+    chart = {
+        "data": [
+            {
+                "type": "bar",
+                "x": [h.name for h in hosts],
+                "y": [round(gpu_memory.get(h.name, 0) / 2**30, 1) for h in hosts],
+                "name": "GPU memory (GiB)",
+            }
+        ],
+        "layout": {
+            "margin": {"t": 10, "b": 40, "l": 50, "r": 10},
+            "height": 240,
+            "yaxis": {"title": {"text": "GPU memory (GiB)"}},
+        },
+    }
+    context = {
+        "host_count": len(hosts),
+        "gpu_count": sum(h.gpu_count for h in hosts),
+        "fleet_hourly": sum((h.hourly_price for h in hosts), Decimal("0")),
+        "deployments": Deployment.objects.select_related("host", "active_config"),
+        "recent_runs": BenchmarkRun.objects.select_related("deployment__host", "load_profile")[:5],
+        "recent_checks": HostCheck.objects.select_related("host")[:5],
+        "recent_audit": AuditEntry.objects.all()[:8],
+        "chart": chart,
+    }
+    return render(request, "controlpanel/dashboard.html", context)
+
+
+@permission_required("controlpanel.view_auditentry", raise_exception=True)
+def audit_log(request):
+    entries = AuditEntry.objects.select_related("content_type")
+    action = request.GET.get("action", "").strip()
+    if action:
+        entries = entries.filter(action__startswith=action)
+    page = Paginator(entries, 50).get_page(request.GET.get("page"))
+    return render(request, "controlpanel/audit_log.html", {"page": page, "action": action})
+
+
+@login_not_required
+@never_cache
+def healthz(request):
+    """Liveness for load balancers and compose: the process answers and the database does."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return JsonResponse({"status": "ok"})
+    except Exception as exc:  # noqa: BLE001 - the answer is the point
+        return JsonResponse({"status": "error", "database": str(exc)}, status=503)

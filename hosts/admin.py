@@ -1,0 +1,43 @@
+from django.contrib import admin
+
+from hosts.models import Deployment, EngineConfig, Gpu, Host, HostCheck
+
+
+class GpuInline(admin.TabularInline):
+    model = Gpu
+    extra = 0
+
+
+@admin.register(Host)
+class HostAdmin(admin.ModelAdmin):
+    list_display = ["name", "address", "transport", "port", "hourly_price"]
+    search_fields = ["name", "address"]
+    list_filter = ["transport"]
+    inlines = [GpuInline]
+
+
+@admin.register(Gpu)
+class GpuAdmin(admin.ModelAdmin):
+    list_display = ["host", "index", "name", "uuid", "numa_node"]
+    list_filter = ["name"]
+
+
+@admin.register(Deployment)
+class DeploymentAdmin(admin.ModelAdmin):
+    list_display = ["name", "host", "engine", "engine_version", "model", "port", "status"]
+    list_filter = ["engine", "status"]
+    filter_horizontal = ["gpus"]
+
+
+@admin.register(EngineConfig)
+class EngineConfigAdmin(admin.ModelAdmin):
+    list_display = ["deployment", "version", "created_by", "created_at"]
+
+    def has_change_permission(self, request, obj=None):
+        return False  # immutable: a change is the next version
+
+
+@admin.register(HostCheck)
+class HostCheckAdmin(admin.ModelAdmin):
+    list_display = ["host", "status", "reachable", "latency_ms", "created_at"]
+    list_filter = ["status", "reachable"]

@@ -1,0 +1,45 @@
+// Live updates: an element with data-live-socket="/ws/..." opens that WebSocket and turns each
+// event {event, data} into an htmx trigger "live:<event>" on the elements inside it, so the
+// server re-renders the affected fragment (hx-trigger="live:check.updated").
+(function () {
+  "use strict";
+
+  function connect(root) {
+    const scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
+    const url = scheme + window.location.host + root.dataset.liveSocket;
+    const state = root.querySelector("[data-live-state]");
+    let retry = 1000;
+
+    function open() {
+      const socket = new WebSocket(url);
+      socket.addEventListener("open", function () {
+        retry = 1000;
+        root.dataset.liveConnected = "true";
+        if (state) state.textContent = "live";
+      });
+      socket.addEventListener("message", function (message) {
+        const payload = JSON.parse(message.data);
+        if (!payload.event) return;
+        root.querySelectorAll('[hx-trigger*="live:' + payload.event + '"]').forEach(function (el) {
+          window.htmx.trigger(el, "live:" + payload.event, payload.data);
+        });
+        root.dispatchEvent(new CustomEvent("live:" + payload.event, { detail: payload.data }));
+      });
+      socket.addEventListener("close", function (event) {
+        root.dataset.liveConnected = "false";
+        if (event.code === 4403) {
+          if (state) state.textContent = "not allowed";
+          return;
+        }
+        if (state) state.textContent = "reconnecting…";
+        setTimeout(open, retry);
+        retry = Math.min(retry * 2, 30000);
+      });
+    }
+    open();
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    document.querySelectorAll("[data-live-socket]").forEach(connect);
+  });
+})();

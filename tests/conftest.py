@@ -1,0 +1,116 @@
+"""Shared fixtures: persona users, service availability, free ports."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+
+import pytest
+from django.contrib.auth.models import Group
+
+CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
+CHROMIUM = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def pytest_configure(config):
+    from django.conf import settings
+
+    # Personas are created for many tests; a fast hasher keeps that from dominating the run.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def need(available: bool, what: str) -> None:
+    """Skip when a real service is missing, except under CI where that is a failure."""
+    if available:
+        return
+    if CI:
+        pytest.fail(f"{what} is required under CI=true but is not available", pytrace=False)
+    pytest.skip(f"{what} is not available")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def _plain_static_storage(settings):
+    """Pages render without a collectstatic run (the manifest storage needs one)."""
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
+
+
+@pytest.fixture
+def redis_url() -> str:
+    import redis
+
+    try:
+        redis.Redis.from_url(TEST_REDIS_URL, socket_connect_timeout=2).ping()
+        ok = True
+    except redis.RedisError:
+        ok = False
+    need(ok, f"Redis at {TEST_REDIS_URL}")
+    return TEST_REDIS_URL
+
+
+@pytest.fixture
+def postgres(db):
+    from django.db import connection
+
+    need(connection.vendor == "postgresql", "PostgreSQL (make test sets DATABASE_URL)")
+    return connection
+
+
+@pytest.fixture
+def chromium_path() -> str:
+    need(os.path.exists(CHROMIUM), f"Chromium at {CHROMIUM}")
+    return CHROMIUM
+
+
+def _persona(django_user_model, username: str, role: str | None):
+    user = django_user_model.objects.create_user(username=username, password="pw-" + username)
+    if role:
+        user.groups.add(Group.objects.get(name=role))
+    return user
+
+
+@pytest.fixture
+def viewer(db, django_user_model):
+    return _persona(django_user_model, "vera-viewer", "Viewer")
+
+
+@pytest.fixture
+def operator(db, django_user_model):
+    return _persona(django_user_model, "otto-operator", "Operator")
+
+
+@pytest.fixture
+def approver(db, django_user_model):
+    return _persona(django_user_model, "anna-approver", "Approver")
+
+
+@pytest.fixture
+def admin(db, django_user_model):
+    return _persona(django_user_model, "adam-admin", "Admin")
+
+
+@pytest.fixture
+def nobody(db, django_user_model):
+    """Logged in, but holding no role."""
+    return _persona(django_user_model, "nora-norole", None)
+
+
+@pytest.fixture
+def personas(viewer, operator, approver, admin, nobody):
+    return {
+        "viewer": viewer,
+        "operator": operator,
+        "approver": approver,
+        "admin": admin,
+        "nobody": nobody,
+    }

@@ -1,0 +1,122 @@
+"""Every view: anonymous → login redirect, a role without the right → 403, the right role → OK."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import get_resolver, reverse
+
+from tests.factories import make_deployment, make_host, make_run
+
+ALL = ["viewer", "operator", "approver", "admin"]
+OPERATORS = ["operator", "approver", "admin"]
+
+# (url name, method, roles allowed); pk-taking views get the object made by `objects`.
+MATRIX = [
+    ("dashboard", "get", ALL),
+    ("audit", "get", ALL),
+    ("hosts:list", "get", ALL),
+    ("hosts:detail", "get", ALL),
+    ("hosts:checks", "get", ALL),
+    ("hosts:create", "get", OPERATORS),
+    ("hosts:edit", "get", OPERATORS),
+    ("hosts:check", "post", OPERATORS),
+    ("benchmarks:list", "get", ALL),
+    ("benchmarks:detail", "get", ALL),
+    ("changes:list", "get", ALL),
+    ("cost", "get", ALL),
+]
+# Public on purpose, or Django's own account views, which every logged-in user may use.
+PUBLIC = {
+    "healthz",
+    "login",
+    "logout",
+    "password_reset",
+    "password_reset_done",
+    "password_reset_confirm",
+    "password_reset_complete",
+    "password_change",
+    "password_change_done",
+}
+
+
+@pytest.fixture
+def objects(db):
+    host = make_host()
+    run = make_run(make_deployment(host))
+    return {"hosts": host.pk, "benchmarks": run.pk}
+
+
+def url_for(name, objects):
+    try:
+        return reverse(name)
+    except Exception:
+        return reverse(name, args=[objects[name.split(":")[0]]])
+
+
+def call(client, method, url):
+    return client.post(url) if method == "post" else client.get(url)
+
+
+@pytest.mark.parametrize(("name", "method", "allowed"), MATRIX)
+def test_anonymous_is_sent_to_login(client, objects, name, method, allowed):
+    url = url_for(name, objects)
+    response = call(client, method, url)
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("login") + "?next=")
+
+
+@pytest.mark.parametrize(("name", "method", "allowed"), MATRIX)
+def test_roles(client, personas, objects, name, method, allowed):
+    url = url_for(name, objects)
+    for role, user in personas.items():
+        client.force_login(user)
+        status = call(client, method, url).status_code
+        if role in allowed:
+            assert status in (200, 302), f"{role} should reach {name}, got {status}"
+            if method == "get":
+                assert status == 200
+        else:
+            assert status == 403, f"{role} should be refused {name}, got {status}"
+        client.logout()
+
+
+def test_forbidden_page_explains_missing_role(client, nobody):
+    client.force_login(nobody)
+    response = client.get(reverse("dashboard"))
+    assert response.status_code == 403
+    assert b"has no role" in response.content
+
+
+def test_every_url_is_in_the_matrix():
+    """A new view must be added to MATRIX (and so get its permission test)."""
+    covered = {name for name, _, _ in MATRIX} | PUBLIC
+    missing = []
+    for namespace, (_, resolver) in get_resolver().namespace_dict.items():
+        if namespace == "admin":
+            continue
+        for name in resolver.reverse_dict:
+            if isinstance(name, str) and f"{namespace}:{name}" not in covered:
+                missing.append(f"{namespace}:{name}")
+    for name in get_resolver().reverse_dict:
+        if isinstance(name, str) and name not in covered:
+            missing.append(name)
+    assert not missing, f"views without a permission test: {missing}"
+
+
+def test_healthz_needs_no_login(client, db):
+    response = client.get(reverse("healthz"))
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
+def test_password_change_needs_login_but_no_role(client, nobody):
+    url = reverse("password_change")
+    assert client.get(url).status_code == 302
+    client.force_login(nobody)
+    assert client.get(url).status_code == 200
+
+
+def test_admin_site_refuses_non_staff(client, operator):
+    client.force_login(operator)
+    response = client.get("/admin/")
+    assert response.status_code == 302 and "/admin/login/" in response["Location"]
