@@ -18,18 +18,24 @@ from hosts.models import Host, HostCheck
 HOST_FIELDS = ["name", "address", "transport", "port", "labels", "hourly_price", "description"]
 
 
+def _stored(host: Host) -> dict:
+    # Read back from the database so both sides of a diff have the stored precision
+    # (a form's Decimal("2.5") is stored as 2.5000).
+    return snapshot(Host.objects.get(pk=host.pk), HOST_FIELDS)
+
+
 def create_host(actor, form) -> Host:
     with transaction.atomic():
         host = form.save()
-        audit(actor, "host.create", host, after=snapshot(host, HOST_FIELDS))
+        audit(actor, "host.create", host, after=_stored(host))
     return host
 
 
 def update_host(actor, host: Host, form) -> Host:
-    before = snapshot(Host.objects.get(pk=host.pk), HOST_FIELDS)
     with transaction.atomic():
+        before = _stored(host)
         host = form.save()
-        after = snapshot(host, HOST_FIELDS)
+        after = _stored(host)
         if after != before:
             audit(actor, "host.update", host, before=before, after=after)
     return host

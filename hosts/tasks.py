@@ -21,6 +21,6 @@ def check_host(check_pk: int) -> None:
         raise
 
 
-@shared_task(time_limit=120)
+@shared_task(time_limit=120, soft_time_limit=110)
 def check_all_hosts() -> int:
     return len(services.check_all_hosts())

@@ -1,0 +1,49 @@
+"""The embedded runtime runs real Celery tasks on a worker thread: sent, queued, consumed."""
+
+import socket
+import time
+
+import pytest
+from celery import current_app
+from celery.worker import state as worker_state
+
+from controlpanel.celery import app
+from controlpanel.choices import OperationStatus
+from controlpanel.embedded import EmbeddedRuntime
+from hosts import services
+from tests.factories import make_host
+
+
+@pytest.fixture
+def runtime():
+    assert app.conf.task_always_eager is False  # the point: not eager
+    rt = EmbeddedRuntime(app, concurrency=2, beat=False)
+    rt.start()
+    yield rt
+    rt.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_service_call_is_executed_by_the_worker_thread(runtime, operator):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(4)
+        host = make_host(port=sock.getsockname()[1])
+        before = worker_state.total_count["hosts.tasks.check_host"]
+        check = services.request_host_check(operator, host)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            check.refresh_from_db()
+            if check.is_finished:
+                break
+            time.sleep(0.05)
+    assert check.status == OperationStatus.SUCCEEDED, check.error
+    assert check.reachable is True
+    # It went through the worker: its consumer received the message and ran the request.
+    assert worker_state.total_count["hosts.tasks.check_host"] == before + 1
+
+
+def test_refuses_a_network_broker(monkeypatch):
+    monkeypatch.setattr(current_app.conf, "broker_url", "redis://127.0.0.1:6379/0")
+    with pytest.raises(RuntimeError, match="in-memory broker"):
+        EmbeddedRuntime(current_app)

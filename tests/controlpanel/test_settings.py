@@ -1,0 +1,93 @@
+"""Settings come from the environment; a bad value stops the start with the variable's name."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from controlpanel.env import EnvError, env_bool, env_int, env_list, env_secret, env_url
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bool_words():
+    assert env_bool("X", environ={"X": "Yes"}) is True
+    assert env_bool("X", environ={"X": "off"}) is False
+    assert env_bool("X", True, environ={}) is True
+    with pytest.raises(EnvError, match="X='maybe'"):
+        env_bool("X", environ={"X": "maybe"})
+
+
+def test_int_bounds():
+    assert env_int("N", 3, environ={"N": "7"}, minimum=1) == 7
+    with pytest.raises(EnvError, match="N='0'.*>= 1"):
+        env_int("N", 3, environ={"N": "0"}, minimum=1)
+    with pytest.raises(EnvError, match="an integer"):
+        env_int("N", 3, environ={"N": "seven"})
+
+
+def test_list_and_url():
+    assert env_list("H", [], environ={"H": "a.example, b.example,,"}) == ["a.example", "b.example"]
+    assert env_url("U", None, ("redis",), environ={"U": "redis://r:6379/0"}) == "redis://r:6379/0"
+    with pytest.raises(EnvError, match="redis://"):
+        env_url("U", None, ("redis",), environ={"U": "localhost:6379"})
+
+
+def test_secret_from_file(tmp_path):
+    secret = tmp_path / "key"
+    secret.write_text("s3cret\n")
+    assert env_secret("K", environ={"K_FILE": str(secret)}) == "s3cret"
+    with pytest.raises(EnvError, match="only one of K and K_FILE"):
+        env_secret("K", environ={"K": "a", "K_FILE": str(secret)})
+    with pytest.raises(EnvError, match="readable file"):
+        env_secret("K", environ={"K_FILE": str(tmp_path / "missing")})
+
+
+def start(env: dict, tmp_path) -> subprocess.CompletedProcess:
+    """Load the settings in a fresh process, as `manage.py` would at start."""
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DEBUG")
+    }
+    clean.update({"VAR_DIR": str(tmp_path), **env})
+    return subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"DEBUG": "maybe"}, "DEBUG"),
+        ({"DATABASE_URL": "mysql://x@y/z"}, "DATABASE_URL"),
+        ({"REDIS_URL": "localhost:6379"}, "REDIS_URL"),
+        ({"REDIS_URL": "redis://r:6379/0"}, "SECRET_KEY"),  # production needs a real key
+        ({"CELERY_TASK_TIME_LIMIT": "-5"}, "CELERY_TASK_TIME_LIMIT"),
+        ({"LOG_LEVEL": "LOUD"}, "LOG_LEVEL"),
+        ({"SECRET_KEY_FILE": "/nonexistent/key"}, "SECRET_KEY_FILE"),
+    ],
+)
+def test_bad_value_fails_at_start_naming_the_variable(tmp_path, env, named):
+    result = start(env, tmp_path)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert f"Environment variable {named}=" in result.stderr
+
+
+def test_embedded_defaults_start_and_keep_their_secret_key(tmp_path):
+    assert start({}, tmp_path).returncode == 0
+    key = (tmp_path / "secret_key").read_text()
+    assert len(key) >= 50
+    assert oct((tmp_path / "secret_key").stat().st_mode)[-3:] == "600"
+    assert start({}, tmp_path).returncode == 0
+    assert (tmp_path / "secret_key").read_text() == key

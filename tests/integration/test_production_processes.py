@@ -1,0 +1,219 @@
+"""Production mode, natively: the web, worker and beat commands of docker-compose.yml run
+against real PostgreSQL and Redis, and a request in the browser's path reaches the worker
+and comes back over the WebSocket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import httpx
+import pytest
+import redis
+import websockets
+from celery import Celery
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
+from django.db import connection
+
+from controlpanel.choices import OperationStatus
+from hosts.models import HostCheck
+from tests.conftest import free_port
+from tests.factories import make_host
+from tests.integration.processes import (
+    ROOT,
+    Process,
+    compose_command,
+    compose_healthcheck,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def production_env(postgres, redis_url, tmp_path):
+    """The environment compose gives the panel, pointed at the test database and Redis."""
+    redis.Redis.from_url(redis_url).flushdb()
+    db = connection.settings_dict
+    password = f":{db['PASSWORD']}" if db["PASSWORD"] else ""
+    database_url = (
+        f"postgres://{db['USER']}{password}@{db['HOST'] or '127.0.0.1'}:"
+        f"{db['PORT'] or 5432}/{db['NAME']}"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(
+        {
+            "DATABASE_URL": database_url,
+            "REDIS_URL": redis_url,
+            "SECRET_KEY": "integration-" + "k" * 50,
+            "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "HTTPS": "false",
+            "VAR_DIR": str(tmp_path / "var"),
+            "HOST_CHECK_INTERVAL_SECONDS": "0",
+            "HOSTNAME": socket.gethostname(),
+            "STATIC_ROOT": str(tmp_path / "static"),
+        }
+    )
+    # What the Dockerfile does at build time.
+    subprocess.run(
+        [sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=180,
+    )
+    return env
+
+
+@pytest.fixture
+def start(tmp_path):
+    started: list[Process] = []
+
+    def _start(name, cmd, env):
+        process = Process(name, cmd, env, tmp_path)
+        started.append(process)
+        return process
+
+    yield _start
+    for process in reversed(started):
+        process.stop()
+
+
+@pytest.fixture
+def listener():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    yield sock.getsockname()[1]
+    sock.close()
+
+
+def finished(check_pk):
+    check = HostCheck.objects.get(pk=check_pk)
+    return check if check.is_finished else None
+
+
+def test_worker_command_runs_a_task_sent_through_redis(production_env, start, listener):
+    worker = start("worker", compose_command("worker"), production_env)
+    worker.wait_for_output("ready.", timeout=60)
+    check = HostCheck.objects.create(host=make_host(port=listener))
+
+    sender = Celery(broker=production_env["REDIS_URL"])
+    sender.send_task("hosts.tasks.check_host", args=[check.pk])
+
+    done = wait_until(lambda: finished(check.pk), 30, "the worker never finished the check")
+    assert done.status == OperationStatus.SUCCEEDED and done.reachable is True
+    assert "hosts.tasks.check_host" in worker.output()
+
+    # The compose healthcheck of the worker passes against the running worker.
+    health = subprocess.run(
+        ["sh", "-c", compose_healthcheck("worker")],
+        cwd=ROOT,
+        env=production_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert health.returncode == 0, health.stdout + health.stderr
+
+
+def login(client: httpx.Client, username: str, password: str) -> None:
+    page = client.get("/accounts/login/")
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+    response = client.post(
+        "/accounts/login/",
+        data={"username": username, "password": password, "csrfmiddlewaretoken": token},
+    )
+    assert response.status_code == 302 and response.headers["location"] == "/", response.text
+
+
+def test_web_and_worker_commands_serve_check_and_stream_over_redis(
+    production_env, start, listener, operator
+):
+    # The web process knows only the production hashers, not the tests' fast one.
+    operator.password = PBKDF2PasswordHasher().encode("op-secret-pw", "integration-salt")
+    operator.save()
+    host = make_host(name="prod-host", port=listener)
+    port = free_port()
+    cmd = compose_command("web")
+    cmd[cmd.index("--port") + 1] = str(port)
+    cmd[cmd.index("--host") + 1] = "127.0.0.1"
+    web = start("web", cmd, production_env)
+    start("worker", compose_command("worker"), production_env).wait_for_output("ready.", 60)
+    web.wait_for_output("Application startup complete", 60)
+    base = f"http://127.0.0.1:{port}"
+
+    with httpx.Client(base_url=base, timeout=10) as client:
+        assert client.get("/healthz").json() == {"status": "ok"}
+        assert client.get("/").status_code == 302  # login required
+        login(client, operator.username, "op-secret-pw")
+        assert "prod-host" in client.get("/hosts/").text
+        cookies = "; ".join(f"{k}={v}" for k, v in client.cookies.items())
+        csrf = client.cookies["csrftoken"]
+
+        async def watch_and_check():
+            url = f"ws://127.0.0.1:{port}/ws/hosts/{host.pk}/"
+            headers = {"Cookie": cookies, "Origin": base}
+            async with websockets.connect(url, additional_headers=headers) as socket_:
+                response = await asyncio.to_thread(
+                    client.post,
+                    f"/hosts/{host.pk}/check/",
+                    headers={"X-CSRFToken": csrf, "HX-Request": "true", "Referer": base + "/"},
+                )
+                assert response.status_code == 200, response.text
+                statuses = []
+                while "succeeded" not in statuses:
+                    event = json.loads(await asyncio.wait_for(socket_.recv(), 30))
+                    assert event["event"] == "check.updated"
+                    statuses.append(event["data"]["status"])
+                return statuses, event["data"]
+
+        statuses, last = asyncio.run(watch_and_check())
+    # "queued" comes from the web process, "running"/"succeeded" from the worker via Redis.
+    assert statuses == ["queued", "running", "succeeded"]
+    assert last["reachable"] is True
+    check = HostCheck.objects.get(pk=last["id"])
+    assert check.requested_by == operator and check.status == OperationStatus.SUCCEEDED
+
+
+def test_beat_command_schedules_checks_that_the_worker_runs(production_env, start, listener):
+    host = make_host(port=listener)
+    env = {**production_env, "HOST_CHECK_INTERVAL_SECONDS": "1"}
+    worker = start("worker", compose_command("worker"), env)
+    worker.wait_for_output("ready.", 60)
+    cmd = [
+        part.replace("/var/lib/controlpanel", env["VAR_DIR"]) for part in compose_command("beat")
+    ]
+    os.makedirs(env["VAR_DIR"], exist_ok=True)
+    beat = start("beat", cmd, env)
+    beat.wait_for_output("beat: Starting", 60)
+
+    def scheduled_and_done():
+        checks = HostCheck.objects.filter(
+            host=host, requested_by=None, status=OperationStatus.SUCCEEDED
+        )
+        return checks.count() >= 2
+
+    wait_until(
+        scheduled_and_done,
+        40,
+        lambda: (
+            "beat never produced two finished checks:\n"
+            + beat.output()[-3000:]
+            + worker.output()[-3000:]
+        ),
+    )
+    health = subprocess.run(
+        ["sh", "-c", compose_healthcheck("beat")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert health.returncode == 0, health.stdout + health.stderr
