@@ -15,13 +15,18 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from tests.integration.processes import ROOT, Process
+from tests.integration.processes import Process
 
 pytestmark = pytest.mark.e2e
 
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 
 
@@ -29,9 +34,11 @@ CHROMIUM_ARGS = [
 def panel(tmp_path):
     """`make run` on a free port with its own var/ (SQLite, no Redis, no PostgreSQL)."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DEMO_PASSWORD",
-                        "STATIC_ROOT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DEMO_PASSWORD", "STATIC_ROOT")
+    }
     env.update({"VAR_DIR": str(tmp_path / "var"), "HOST_CHECK_INTERVAL_SECONDS": "0"})
     venv = Path(sys.executable).parent.parent
     if shutil.which("make") and (venv / ".installed").exists():
@@ -53,8 +60,9 @@ def browser(chromium_path):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium_path, headless=True,
-                                             args=CHROMIUM_ARGS)
+        browser = playwright.chromium.launch(
+            executable_path=chromium_path, headless=True, args=CHROMIUM_ARGS
+        )
         yield browser
         browser.close()
 
@@ -110,7 +118,8 @@ def test_make_run_gives_a_working_panel(panel, browser, listener, tmp_path):
 
     # Everything the browser loaded came from the panel itself (no CDN, no network).
     assert requested and all(url.startswith((base, "ws://127.0.0.1")) for url in requested), [
-        url for url in requested if not url.startswith(base)]
+        url for url in requested if not url.startswith(base)
+    ]
     assert not failures
     # The embedded Celery worker (not an eager call) received and ran the task.
     log = panel["process"].output()
