@@ -36,6 +36,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.fixture
+def listener():
+    """A port on 127.0.0.1 that accepts TCP connections (a host that answers)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    yield sock.getsockname()[1]
+    sock.close()
+
+
 @pytest.fixture(autouse=True)
 def _plain_static_storage(settings):
     """Pages render without a collectstatic run (the manifest storage needs one)."""

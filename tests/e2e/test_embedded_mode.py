@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import sys
 import time
 from pathlib import Path
@@ -65,15 +64,6 @@ def browser(chromium_path):
         )
         yield browser
         browser.close()
-
-
-@pytest.fixture
-def listener():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    yield sock.getsockname()[1]
-    sock.close()
 
 
 def test_make_run_gives_a_working_panel(panel, browser, listener, tmp_path):

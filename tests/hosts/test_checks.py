@@ -1,6 +1,5 @@
 """Reachability checks: the service against real sockets, the task's bookkeeping, the views."""
 
-import socket
 from datetime import timedelta
 
 import pytest
@@ -15,15 +14,6 @@ from tests.conftest import free_port
 from tests.factories import make_host
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def listener():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(8)
-    yield sock.getsockname()[1]
-    sock.close()
 
 
 def test_reachable_host(listener):

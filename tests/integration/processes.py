@@ -88,3 +88,15 @@ def wait_until(predicate, timeout: float, message, interval: float = 0.1):
             return value
         time.sleep(interval)
     raise AssertionError(message() if callable(message) else message)
+
+
+def run_healthcheck(service: str, env: dict) -> subprocess.CompletedProcess:
+    """Run the compose healthcheck of ``service`` here, as Docker would inside its container."""
+    return subprocess.run(
+        ["sh", "-c", compose_healthcheck(service)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )

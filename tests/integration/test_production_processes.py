@@ -28,7 +28,7 @@ from tests.integration.processes import (
     ROOT,
     Process,
     compose_command,
-    compose_healthcheck,
+    run_healthcheck,
     wait_until,
 )
 
@@ -84,15 +84,6 @@ def start(tmp_path):
         process.stop()
 
 
-@pytest.fixture
-def listener():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    yield sock.getsockname()[1]
-    sock.close()
-
-
 def finished(check_pk):
     check = HostCheck.objects.get(pk=check_pk)
     return check if check.is_finished else None
@@ -111,14 +102,7 @@ def test_worker_command_runs_a_task_sent_through_redis(production_env, start, li
     assert "hosts.tasks.check_host" in worker.output()
 
     # The compose healthcheck of the worker passes against the running worker.
-    health = subprocess.run(
-        ["sh", "-c", compose_healthcheck("worker")],
-        cwd=ROOT,
-        env=production_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    health = run_healthcheck("worker", production_env)
     assert health.returncode == 0, health.stdout + health.stderr
 
 
@@ -208,12 +192,5 @@ def test_beat_command_schedules_checks_that_the_worker_runs(production_env, star
             + worker.output()[-3000:]
         ),
     )
-    health = subprocess.run(
-        ["sh", "-c", compose_healthcheck("beat")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    health = run_healthcheck("beat", env)
     assert health.returncode == 0, health.stdout + health.stderr
