@@ -1,0 +1,268 @@
+"""What an engine accepts on its command line: flag specs, parsing, validation, argv rendering.
+
+One table per engine (``vllm.py``, ``sglang.py``) is the single source of truth: the panel
+validates proposed settings against it and renders them as an argv list (never a shell string),
+and the simulator builds its command-line parser from the same table, so both refuse the same
+things with the same words.
+
+Settings are a mapping of a flag's ``dest`` (``max_num_seqs``) to a typed value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# Text values that go into argv: no whitespace, no control characters, nothing starting with a
+# dash (it would be read as another flag).
+SAFE_TEXT = re.compile(r"^[A-Za-z0-9_.:/@+=,\-]+$")
+
+
+class EngineArgError(ValueError):
+    """A flag or value the engine refuses; ``str()`` is the engine-style message."""
+
+    def __init__(self, message: str, flag: str | None = None):
+        super().__init__(message)
+        self.flag = flag
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line option of an engine."""
+
+    dest: str
+    options: tuple[str, ...]
+    type: str  # "int", "float", "str", "bool"
+    default: Any = None
+    help: str = ""
+    choices: tuple[Any, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+    # bool flags: "negatable" → --x / --no-x (argparse.BooleanOptionalAction);
+    #             "store_true" → --x only.
+    bool_style: str = "negatable"
+    parse: Callable[[str], Any] | None = None  # custom text → value (e.g. "32k" → 32768)
+    nargs: str | None = None
+    performance: bool = True  # False: accepted but no effect on speed (logging, auth, …)
+
+    @property
+    def option(self) -> str:
+        """The long option, as it is rendered."""
+        return next(o for o in self.options if o.startswith("--"))
+
+    def coerce(self, value: Any) -> Any:
+        """Turn a value from a form, JSON or argv into this flag's type, or raise."""
+        opt = self.option
+        if value is None:
+            return None
+        if self.type == "bool":
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "false"):
+                return value.lower() == "true"
+            raise EngineArgError(
+                f"argument {opt}: expected true or false, got {value!r}", self.dest
+            )
+        if self.type in ("int", "float") and isinstance(value, bool):
+            raise EngineArgError(f"argument {opt}: invalid {self.type} value: {value!r}", self.dest)
+        try:
+            if isinstance(value, str) and self.parse is not None:
+                value = self.parse(value)
+            elif self.type == "int":
+                if isinstance(value, float) and not value.is_integer():
+                    raise ValueError
+                value = int(value)
+            elif self.type == "float":
+                value = float(value)
+            elif self.type == "str":
+                if self.nargs and isinstance(value, list | tuple):
+                    return [self._text(v) for v in value]
+                value = self._text(value)
+        except (TypeError, ValueError):
+            raise EngineArgError(
+                f"argument {opt}: invalid {self.type} value: {value!r}", self.dest
+            ) from None
+        self.check(value)
+        return value
+
+    def _text(self, value: Any) -> str:
+        if not isinstance(value, str) or not SAFE_TEXT.match(value):
+            raise EngineArgError(
+                f"argument {self.option}: invalid value {value!r}: only letters, digits and "
+                "_ . : / @ + = , - are allowed, and it may not start with '-'",
+                self.dest,
+            )
+        if value.startswith("-"):
+            raise EngineArgError(f"argument {self.option}: value may not start with '-'", self.dest)
+        return value
+
+    def check(self, value: Any) -> None:
+        opt = self.option
+        if self.choices is not None and value not in self.choices:
+            shown = ", ".join(repr(c) for c in self.choices)
+            raise EngineArgError(
+                f"argument {opt}: invalid choice: {value!r} (choose from {shown})", self.dest
+            )
+        if self.minimum is not None:
+            too_low = value <= self.minimum if self.exclusive_minimum else value < self.minimum
+            if too_low:
+                relation = ">" if self.exclusive_minimum else ">="
+                raise EngineArgError(
+                    f"argument {opt}: {value!r} must be {relation} {self.minimum:g}", self.dest
+                )
+        if self.maximum is not None and value > self.maximum:
+            raise EngineArgError(
+                f"argument {opt}: {value!r} must be <= {self.maximum:g}", self.dest
+            )
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so callers choose how to report."""
+
+    def error(self, message):
+        raise EngineArgError(message)
+
+
+@dataclass
+class EngineSpec:
+    """Everything the panel and the simulator need to know about one engine's CLI."""
+
+    kind: str
+    prog: str  # how the real engine names itself in usage/error lines
+    model_option: str | None  # None: the model is a positional argument (vllm serve MODEL)
+    flags: tuple[Flag, ...]
+    cross_checks: tuple[Callable[[dict], None], ...] = field(default=())
+
+    def __post_init__(self):
+        self.by_dest = {f.dest: f for f in self.flags}
+
+    def flag(self, dest: str) -> Flag:
+        return self.by_dest[dest]
+
+    # --- argv → settings ------------------------------------------------------------------
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        if self.model_option is None:
+            parser.add_argument("model", help="name or path of the model")
+        else:
+            parser.add_argument(self.model_option, dest="model", required=True)
+        for flag in self.flags:
+            kwargs: dict[str, Any] = {"dest": flag.dest, "default": None, "help": flag.help}
+            if flag.type == "bool":
+                if flag.bool_style == "negatable":
+                    kwargs["action"] = argparse.BooleanOptionalAction
+                else:
+                    kwargs["action"] = "store_true"
+            else:
+                kwargs["type"] = self._argparse_type(flag)
+                if flag.nargs:
+                    kwargs["nargs"] = flag.nargs
+            parser.add_argument(*flag.options, **kwargs)
+
+    @staticmethod
+    def _argparse_type(flag: Flag):
+        def convert(text: str):
+            try:
+                return flag.coerce(text)
+            except EngineArgError as exc:
+                # argparse prefixes "argument --x: " itself.
+                raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+
+        convert.__name__ = flag.type
+        return convert
+
+    def parser(self, **kwargs) -> argparse.ArgumentParser:
+        parser = _Parser(prog=self.prog, **kwargs)
+        self.add_arguments(parser)
+        return parser
+
+    def parse_argv(self, argv: Iterable[str]) -> tuple[str, dict]:
+        """``(model, settings)`` from an engine command line; only flags given are returned."""
+        ns = self.parser().parse_args(list(argv))
+        values = vars(ns)
+        model = values.pop("model")
+        settings = {k: v for k, v in values.items() if v is not None}
+        self.check_combination(settings)
+        return model, settings
+
+    # --- settings → validated settings / argv -----------------------------------------------
+    def validate(self, settings: Mapping[str, Any]) -> tuple[dict, dict[str, str]]:
+        """``(clean settings, errors by dest)``; unknown names are errors too."""
+        clean, errors = {}, {}
+        for dest, value in settings.items():
+            flag = self.by_dest.get(dest)
+            if flag is None:
+                errors[dest] = f"{self.prog} has no setting {dest!r}"
+                continue
+            try:
+                coerced = flag.coerce(value)
+            except EngineArgError as exc:
+                errors[dest] = str(exc)
+                continue
+            if coerced is not None:
+                clean[dest] = coerced
+        if not errors:
+            try:
+                self.check_combination(clean)
+            except EngineArgError as exc:
+                errors[exc.flag or "__all__"] = str(exc)
+        return clean, errors
+
+    def check_combination(self, settings: dict) -> None:
+        for check in self.cross_checks:
+            check(settings)
+
+    def render_args(self, settings: Mapping[str, Any]) -> list[str]:
+        """Validated settings as argv items, in the table's order (stable diffs and logs)."""
+        clean, errors = self.validate(settings)
+        if errors:
+            raise EngineArgError("; ".join(errors.values()))
+        argv: list[str] = []
+        for flag in self.flags:
+            if flag.dest not in clean:
+                continue
+            value = clean[flag.dest]
+            if flag.type == "bool":
+                if flag.bool_style == "negatable":
+                    argv.append(flag.option if value else "--no-" + flag.option[2:])
+                elif value:
+                    argv.append(flag.option)
+            elif isinstance(value, list):
+                argv.extend([flag.option, *map(str, value)])
+            else:
+                argv.extend([flag.option, _render_value(value)])
+        return argv
+
+    def render_command(self, model: str, settings: Mapping[str, Any]) -> list[str]:
+        """The engine's arguments including the model (without the executable)."""
+        model_arg = Flag("model", ("--model",), "str").coerce(model)
+        head = [model_arg] if self.model_option is None else [self.model_option, model_arg]
+        return head + self.render_args(settings)
+
+    def effective(self, settings: Mapping[str, Any]) -> dict:
+        """Settings with the table's static defaults filled in (auto defaults stay None)."""
+        return {f.dest: settings.get(f.dest, f.default) for f in self.flags}
+
+
+def _render_value(value: Any) -> str:
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def human_int(text: str) -> int:
+    """vLLM's human-readable integers: 1k = 1000, 1K = 1024, 25.6k, 2M, ...; auto = -1."""
+    if text.strip().lower() == "auto":
+        return -1
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgG]?)", text.strip())
+    if not match:
+        raise ValueError(text)
+    number, suffix = match.groups()
+    scale = {"": 1, "k": 1000, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+    value = float(number) * scale[suffix]
+    if not value.is_integer():
+        raise ValueError(text)
+    return int(value)
