@@ -95,8 +95,8 @@ class EngineCore:
         self.generation_tokens = 0
         self.num_preemptions = 0
         self.finished_requests = 0
-        # When a list, every inter-token gap (seconds) is appended to it.
-        self.itl: list[float] | None = None
+        # When set (a list, or anything with append), every inter-token gap in seconds.
+        self.itl = None
 
     # --- queue ---------------------------------------------------------------------------
     def add(self, req: Request) -> None:
