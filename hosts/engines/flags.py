@@ -82,6 +82,8 @@ class Flag:
                 if self.nargs and isinstance(value, list | tuple):
                     return [self._text(v) for v in value]
                 value = self._text(value)
+        except EngineArgError:
+            raise
         except (TypeError, ValueError):
             raise EngineArgError(
                 f"argument {opt}: invalid {self.type} value: {value!r}", self.dest

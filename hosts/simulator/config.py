@@ -74,7 +74,8 @@ def activation_peak_bytes(model: ModelSpec, tokens: int, seqs: int, tp: int) -> 
 
 
 def cuda_graph_bytes(seqs: int) -> float:
-    return min(seqs, 512) * 1.5 * 2**20 + 0.15 * GIB
+    """Memory of the captured CUDA graphs: one per batch size up to 512 sequences."""
+    return min(seqs, 512) * 2 * 2**20 + 0.3 * GIB
 
 
 def build_config(

@@ -1,0 +1,202 @@
+"""The simulator speaks the engines' HTTP API: checked with the real `openai` client."""
+
+import json
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+ENGINES = ["vllm", "sglang"]
+SGLANG_ARGS = ("--context-length", "8192", "--enable-metrics")
+VLLM_ARGS = ("--max-model-len", "8192")
+
+
+@pytest.fixture(params=ENGINES)
+def server(request, sim_server):
+    args = VLLM_ARGS if request.param == "vllm" else SGLANG_ARGS
+    return sim_server(request.param, *args, "--time-scale", "0.2")
+
+
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_models(server):
+    models = client(server).models.list().data
+    assert [m.id for m in models] == [server.model]
+
+
+def test_streaming_completion_with_usage(server):
+    stream = client(server).completions.create(
+        model=server.model,
+        prompt="Tell me about KV caches.",
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    text_chunks = [c for c in chunks if c.choices]
+    assert len(text_chunks) == 12
+    assert all(c.object == "text_completion" and c.id.startswith("cmpl-") for c in chunks)
+    assert [c.choices[0].finish_reason for c in text_chunks] == [None] * 11 + ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    assert chunks[-1].usage.prompt_tokens > 0
+
+
+def test_streaming_chat_sends_role_then_content(server):
+    stream = client(server).chat.completions.create(
+        model=server.model,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=5,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    assert (
+        chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
+    )
+    content = [c.choices[0].delta.content for c in chunks[1:]]
+    assert len(content) == 5 and all(content)
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert all(c.usage is None for c in chunks)  # no usage chunk unless asked for
+
+
+def test_non_streaming_both_endpoints(server):
+    c = client(server)
+    completion = c.completions.create(
+        model=server.model, prompt=[1, 2, 3, 4, 5], max_tokens=7, extra_body={"ignore_eos": True}
+    )
+    assert completion.usage.prompt_tokens == 5 and completion.usage.completion_tokens == 7
+    assert completion.choices[0].finish_reason == "length" and completion.choices[0].text
+    chat = c.chat.completions.create(
+        model=server.model,
+        max_tokens=400,
+        messages=[{"role": "user", "content": "Explain batching."}],
+        extra_body={"min_tokens": 3},
+    )
+    assert chat.choices[0].message.role == "assistant"
+    assert 3 <= chat.usage.completion_tokens <= 400
+    reason = chat.choices[0].finish_reason
+    assert reason == ("length" if chat.usage.completion_tokens == 400 else "stop")
+
+
+def test_raw_sse_framing(server):
+    body = {
+        "model": server.model,
+        "prompt": "x",
+        "max_tokens": 2,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        raw = response.read().decode()
+    events = raw.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    payloads = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert [p["choices"][0]["finish_reason"] for p in payloads[:-1]] == [None, "length"]
+    assert payloads[-1]["usage"]["completion_tokens"] == 2
+
+
+def test_prompt_longer_than_context_is_a_400(server):
+    with pytest.raises(openai.BadRequestError) as err:
+        client(server).completions.create(model=server.model, prompt=[7] * 9000, max_tokens=4)
+    message = str(err.value)
+    if server.engine == "vllm":
+        assert (
+            "maximum context length is 8192 tokens. However, your request has 9000 input" in message
+        )
+    else:
+        assert "The input (9000 tokens) is longer than the model's context length (8192" in message
+
+
+def test_max_tokens_beyond_context_is_a_400(server):
+    with pytest.raises(openai.BadRequestError):
+        client(server).completions.create(model=server.model, prompt=[7] * 8000, max_tokens=500)
+
+
+def test_unknown_model_is_a_404(server):
+    with pytest.raises(openai.NotFoundError):
+        client(server).completions.create(model="nope", prompt="x", max_tokens=1)
+
+
+def test_tokenize(server):
+    data = httpx.post(server.url + "/tokenize", json={"prompt": "Hello, world"}).json()
+    assert data["count"] == len(data["tokens"]) == 4 and data["max_model_len"] == 8192
+
+
+def test_metrics_with_real_names(server):
+    client(server).completions.create(
+        model=server.model, prompt="hi", max_tokens=3, extra_body={"ignore_eos": True}
+    )
+    text = httpx.get(server.url + "/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    p = "vllm:" if server.engine == "vllm" else "sglang:"
+    running = "num_requests_running" if server.engine == "vllm" else "num_running_reqs"
+    assert p + running in families
+    assert p + "time_to_first_token_seconds" in families
+    assert p + "inter_token_latency_seconds" in families
+    assert p + "e2e_request_latency_seconds" in families
+    generated = [
+        s.value for s in families[p + "generation_tokens"].samples if s.name.endswith("_total")
+    ]
+    assert generated == [3.0]
+    if server.engine == "vllm":
+        for name in (
+            "kv_cache_usage_perc",
+            "prefix_cache_queries",
+            "prefix_cache_hits",
+            "num_preemptions",
+            "prompt_tokens",
+            "request_queue_time_seconds",
+            "request_prefill_time_seconds",
+            "request_decode_time_seconds",
+        ):
+            assert p + name in families, name
+    else:
+        for name in ("num_queue_reqs", "token_usage", "cache_hit_rate", "gen_throughput"):
+            assert p + name in families, name
+
+
+def test_health_is_503_while_starting(sim_server):
+    server = sim_server("vllm", *VLLM_ARGS, "--startup-seconds", "3", ready=False)
+    server.wait_listening()
+    assert httpx.get(server.url + "/health").status_code == 503
+    server.wait_ready()
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_api_key_is_enforced(sim_server):
+    server = sim_server("vllm", *VLLM_ARGS, "--api-key", "sekret")
+    with pytest.raises(openai.AuthenticationError):
+        client(server).models.list()
+    ok = openai.OpenAI(base_url=server.url + "/v1", api_key="sekret").models.list()
+    assert ok.data
+
+
+def test_sglang_native_endpoints(sim_server):
+    server = sim_server("sglang", *SGLANG_ARGS, "--max-running-requests", "48")
+    info = httpx.get(server.url + "/get_server_info").json()
+    assert info["max_running_requests"] == 48 and info["context_length"] == 8192
+    assert info["max_total_num_tokens"] > 0 and "api_key" not in info
+    assert httpx.get(server.url + "/health_generate", timeout=30).status_code == 200
+    flushed = httpx.post(server.url + "/flush_cache")
+    assert flushed.status_code == 200 and flushed.text.startswith("Cache flushed.")
+
+
+def test_sglang_metrics_need_the_flag(sim_server):
+    server = sim_server("sglang", "--context-length", "8192")
+    assert httpx.get(server.url + "/metrics").status_code == 404
+
+
+def test_gpu_telemetry_in_nvml_shape(server):
+    gpus = httpx.get(server.url + "/simulator/gpus").json()["gpus"]
+    assert len(gpus) == 1
+    gpu = gpus[0]
+    assert gpu["name"] == "NVIDIA H100 80GB HBM3" and gpu["power_limit_w"] == 700
+    assert 0 < gpu["memory_used_bytes"] <= gpu["memory_total_bytes"]
+    assert gpu["numa_node"] == 0 and gpu["clocks_event_reasons"] & 0x1  # idle
