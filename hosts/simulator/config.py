@@ -163,8 +163,11 @@ def _build_vllm(spec, model_name, model, s, gpu, num_gpus) -> SimConfig:
             f"VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
         )
     chunked = s.get("enable_chunked_prefill", auto["enable_chunked_prefill"])
-    max_num_seqs = s.get("max_num_seqs", auto["max_num_seqs"])
     budget = s.get("max_num_batched_tokens")
+    max_num_seqs = s.get("max_num_seqs")
+    if max_num_seqs is None:
+        # An unset max_num_seqs never exceeds an explicit token budget.
+        max_num_seqs = min(auto["max_num_seqs"], budget or auto["max_num_seqs"])
     if budget is None:
         budget = (
             auto["max_num_batched_tokens"]

@@ -153,7 +153,9 @@ class EngineCore:
             attn_pairs += n * (req.num_computed + n / 2)
             if req.in_prefill:
                 prefill_tokens += min(n, req.prompt_len - req.num_computed)
-        duration = self.cost.step_time(new_tokens, kv_read, attn_pairs, len(scheduled))
+        duration = self.cost.step_time(
+            new_tokens, kv_read, attn_pairs, len(scheduled), prefill_tokens
+        )
         end = now + duration
 
         emitted, finished = [], []

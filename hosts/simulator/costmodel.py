@@ -16,6 +16,9 @@ from hosts.simulator.config import SimConfig
 
 BANDWIDTH_EFFICIENCY = 0.75  # achieved share of peak HBM bandwidth
 COMPUTE_EFFICIENCY = 0.55  # achieved share of dense peak FLOP/s in large prefills
+# GEMMs over few tokens use the tensor cores poorly: efficiency × tokens / (tokens + this).
+# It is why small prefill chunks (a small max_num_batched_tokens) cost TTFT.
+HALF_EFFICIENCY_TOKENS = 256
 STEP_OVERHEAD = 0.25e-3  # seconds: kernel launches, scheduler, CUDA-graph replay
 PER_SEQUENCE = 0.12e-3  # seconds per sequence in the batch
 ALLREDUCE_LATENCY = 8e-6  # seconds per all-reduce
@@ -56,16 +59,25 @@ class CostModel:
         )
 
     def step_time(
-        self, new_tokens: int, kv_tokens_read: int, attn_pairs: float, num_seqs: int
+        self,
+        new_tokens: int,
+        kv_tokens_read: int,
+        attn_pairs: float,
+        num_seqs: int,
+        prefill_tokens: int = 0,
     ) -> float:
-        """Seconds for a step computing ``new_tokens`` over ``num_seqs`` sequences that read
-        ``kv_tokens_read`` cached tokens in total; ``attn_pairs`` = Σ new × attended."""
+        """Seconds for a step computing ``new_tokens`` (``prefill_tokens`` of them prompt
+        tokens) over ``num_seqs`` sequences that read ``kv_tokens_read`` cached tokens in
+        total; ``attn_pairs`` = Σ new × attended."""
         if new_tokens <= 0:
             return 0.0
         memory = (self.weight_bytes + kv_tokens_read * self.kv_bytes_per_token) / self.bandwidth
-        compute = (new_tokens * self.flops_per_token + attn_pairs * self.attn_flops_per_pair) / (
-            self.flops
-        )
+        decode_tokens = new_tokens - prefill_tokens
+        compute = decode_tokens * self.flops_per_token / self.flops
+        if prefill_tokens:
+            efficiency = prefill_tokens / (prefill_tokens + HALF_EFFICIENCY_TOKENS)
+            compute += (prefill_tokens * self.flops_per_token) / (self.flops * efficiency)
+        compute += attn_pairs * self.attn_flops_per_pair / self.flops
         seconds = STEP_OVERHEAD + num_seqs * PER_SEQUENCE + max(memory, compute)
         if self.tp > 1:
             # Two all-reduces per layer of the activations of every new token (ring: 2(n-1)/n).

@@ -180,6 +180,8 @@ def summarize(requests, core: EngineCore, kv_samples, max_running, cfg) -> dict:
         "itl_ms": percentiles(core.itl or []),
         "e2el_ms": percentiles([r.finished_at - r.arrival for r in done]),
         "queue_ms": percentiles([r.first_scheduled - r.arrival for r in done]),
+        # From admission to first token: the engine's prefill time, without queueing.
+        "prefill_ms": percentiles([r.first_token - r.first_scheduled for r in done]),
         "num_preemptions": core.num_preemptions,
         "max_concurrent_requests": max_running,
         "kv_cache_usage_mean": sum(kv_samples) / len(kv_samples) if kv_samples else 0.0,
