@@ -34,6 +34,10 @@ class Workload:
     num_prefixes: int = 1
     warmup_requests: int = 0
     seed: int = 0
+    # Closed loop: how long a client takes to send its next request after the last token.
+    # Even 1 ms matters: the engine has started its next step by then, so the new request
+    # waits for that step to end (as it does in front of a real engine).
+    client_turnaround_s: float = 0.001
 
 
 def prompt_block_hashes(
@@ -112,7 +116,7 @@ def predict(
         if closed:
             for _ in result.finished:
                 if next_index < len(requests):
-                    heapq.heappush(pending, (clock, next_index))
+                    heapq.heappush(pending, (clock + workload.client_turnaround_s, next_index))
                     next_index += 1
     measured = requests[workload.warmup_requests :]
     return summarize(measured, core, kv_samples, max_running, cfg)

@@ -15,6 +15,7 @@ import random
 import time
 import uuid
 import zlib
+from collections import deque
 
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
@@ -27,7 +28,8 @@ from hosts.simulator.core import FINISHED, EngineCore, Request
 from hosts.simulator.metrics import EngineMetrics
 from hosts.simulator.telemetry import Telemetry
 
-NATURAL_MEDIAN_TOKENS = 180  # typical answer length when a request may stop at "EOS"
+NATURAL_MEDIAN_TOKENS = 180
+DELIVERY_BATCH = 16  # streams woken per event-loop turn  # typical answer length when a request may stop at "EOS"
 
 
 class Stream:
@@ -51,6 +53,41 @@ class Stream:
         while self.delivered <= seen and not self.done:
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
+
+
+class LoopLagMonitor:
+    """Measures how late the event loop wakes a sleeper: the server's own responsiveness."""
+
+    INTERVAL = 0.005
+
+    def __init__(self, keep: int = 20000):
+        self.samples: deque[float] = deque(maxlen=keep)
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="loop-lag")
+
+    async def _run(self) -> None:
+        clock = time.perf_counter  # loop.time() may tick in whole milliseconds (uvloop)
+        while True:
+            expected = clock() + self.INTERVAL
+            await asyncio.sleep(self.INTERVAL)
+            self.samples.append(max(0.0, clock() - expected))
+
+    def summary(self) -> dict:
+        ordered = sorted(self.samples)
+        if not ordered:
+            return {"samples": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
+
+        def pct(p):
+            return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))] * 1000
+
+        return {
+            "samples": len(ordered),
+            "p50_ms": pct(50),
+            "p99_ms": pct(99),
+            "max_ms": ordered[-1] * 1000,
+        }
 
 
 class EngineRunner:
@@ -79,6 +116,7 @@ class EngineRunner:
         self.created = int(time.time())
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self.loop_lag = LoopLagMonitor()
         self._t0 = 0.0
         self._virtual = 0.0
         self._ids = 0
@@ -89,6 +127,7 @@ class EngineRunner:
         self._wake = asyncio.Event()
         self._t0 = loop.time()
         self._task = loop.create_task(self._run(), name="engine-core")
+        self.loop_lag.start()
         if self.startup_seconds > 0:
             loop.call_later(self.startup_seconds * max(self.time_scale, 0), self._set_ready)
         else:
@@ -109,34 +148,49 @@ class EngineRunner:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        core, metrics = self.core, self.metrics
+        core = self.core
+        step = None
         while True:
-            if not core.has_work:
-                self._wake.clear()
-                await self._wake.wait()
-            step = core.step(self.now())
             if step is None:
+                if not core.has_work:
+                    self._wake.clear()
+                    await self._wake.wait()
+                step = core.step(self.now())
                 continue
-            metrics.on_step(core, step)
-            self.telemetry.record_step(
-                step.duration * max(self.time_scale, 0),
-                step.num_prefill_tokens,
-                step.num_decode_tokens,
-            )
+            self._account(step)
             if self.time_scale > 0:
                 delay = self._t0 + step.end * self.time_scale - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
             else:
                 self._virtual = step.end
+            # Like a real engine, start the next step before streaming this one's tokens out,
+            # so that the time spent writing to a thousand sockets does not stretch the step.
+            following = core.step(self.now()) if core.has_work else None
+            await self._deliver(step)
+            step = following
+
+    def _account(self, step) -> None:
+        self.metrics.on_step(self.core, step)
+        self.telemetry.record_step(
+            step.duration * max(self.time_scale, 0), step.num_prefill_tokens, step.num_decode_tokens
+        )
+
+    async def _deliver(self, step) -> None:
+        finished = {id(req) for req in step.finished}
+        for i, req in enumerate(step.emitted, start=1):
+            if req.sink is not None:
+                req.sink.push(req.sink.delivered + 1, id(req) in finished)
+            if i % DELIVERY_BATCH == 0:
+                # Let the woken handlers write before waking more: with a thousand streams
+                # one burst would hold the loop for tens of milliseconds.
                 await asyncio.sleep(0)
-            for req in step.emitted:
-                if req.sink is not None:
-                    req.sink.push(req.sink.delivered + 1, req.status == FINISHED)
-            for req in step.finished:
-                metrics.on_finished(req)
-                if req.sink is not None and not req.sink.done:
-                    req.sink.push(req.sink.delivered, True)
+        for req in step.finished:
+            self.metrics.on_finished(req)
+            if req.sink is not None and not req.sink.done:
+                req.sink.push(req.sink.delivered, True)
+        if self.time_scale <= 0:
+            await asyncio.sleep(0)
 
     # --- requests ------------------------------------------------------------------------
     def submit(
@@ -493,6 +547,12 @@ def create_app(runner: EngineRunner) -> Starlette:
     async def gpus(request: HttpRequest) -> Response:
         return JSONResponse({"gpus": runner.telemetry.sample()})
 
+    async def loop_lag(request: HttpRequest) -> Response:
+        summary = runner.loop_lag.summary()
+        if request.query_params.get("reset"):
+            runner.loop_lag.samples.clear()
+        return JSONResponse(summary)
+
     routes = [
         Route("/health", health),
         Route("/v1/models", models),
@@ -503,6 +563,7 @@ def create_app(runner: EngineRunner) -> Starlette:
         Route("/version", version),
         Route("/metrics", metrics),
         Route("/simulator/gpus", gpus),
+        Route("/simulator/loop-lag", loop_lag),
     ]
     if not vllm_mode:
         routes += [
