@@ -47,7 +47,7 @@ async def stream_completion(host: str, port: int, body: dict) -> StreamResult:
         if b" 200 " not in status:
             result.ok = False
             result.error = status.decode().strip()
-        while (line := await reader.readline()) not in (b"\r\n", b""):
+        while await reader.readline() not in (b"\r\n", b""):
             pass
         while True:
             chunk = await reader.read(65536)

@@ -28,8 +28,8 @@ from hosts.simulator.core import FINISHED, EngineCore, Request
 from hosts.simulator.metrics import EngineMetrics
 from hosts.simulator.telemetry import Telemetry
 
-NATURAL_MEDIAN_TOKENS = 180
-DELIVERY_BATCH = 16  # streams woken per event-loop turn  # typical answer length when a request may stop at "EOS"
+NATURAL_MEDIAN_TOKENS = 180  # typical answer length when a request may stop at "EOS"
+DELIVERY_BATCH = 16  # streams woken per event-loop turn
 
 
 class Stream:
