@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: help venv run test lint format migrate check-deploy clean
+.PHONY: help venv run test lint format migrate check-deploy bench sim clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -42,6 +42,12 @@ migrate: $(STAMP) ## Apply migrations to the configured database
 
 check-deploy: $(STAMP) ## Django's deployment checks with production-like settings
 	$(PY) scripts/check_deploy.py
+
+bench: $(STAMP) ## Benchmarks that print numbers (simulator: 1,000 streams, virtual-time speed)
+	$(PY) scripts/bench_simulator.py
+
+sim: $(STAMP) ## Run one simulated vLLM engine (Llama-3.1-8B on an H100) on http://127.0.0.1:8001
+	$(PY) -m hosts.simulator vllm meta-llama/Llama-3.1-8B-Instruct --max-model-len 8192 --host 127.0.0.1 --port 8001
 
 clean: ## Remove the virtualenv and local data (var/)
 	rm -rf $(VENV) var staticfiles .pytest_cache .ruff_cache

@@ -144,15 +144,16 @@ class EngineCore:
                 now, 0.0, [], [head], preempted, 0, 0, len(self.running), len(self.waiting)
             )
 
+        # The two loops below run for every request in every step: kept flat and local.
         new_tokens = kv_read = prefill_tokens = 0
         attn_pairs = 0.0
         for req, n in scheduled:
+            computed = req.num_computed
             new_tokens += n
-            context = req.num_computed + n
-            kv_read += context
-            attn_pairs += n * (req.num_computed + n / 2)
-            if req.in_prefill:
-                prefill_tokens += min(n, req.prompt_len - req.num_computed)
+            kv_read += computed + n
+            attn_pairs += n * (computed + n / 2)
+            if computed < req.prompt_len:
+                prefill_tokens += min(n, req.prompt_len - computed)
         duration = self.cost.step_time(
             new_tokens, kv_read, attn_pairs, len(scheduled), prefill_tokens
         )
@@ -160,20 +161,22 @@ class EngineCore:
 
         emitted, finished = [], []
         bs = self.cfg.block_size
+        itl = self.itl
         for req, n in scheduled:
             if req.first_scheduled is None:
                 req.first_scheduled = now
-            was_prefill = req.in_prefill
-            req.num_computed += n
+            prompt_len = req.prompt_len
+            was_prefill = req.num_computed < prompt_len
+            computed = req.num_computed = req.num_computed + n
             if was_prefill:
-                done_blocks = min(req.num_computed, req.prompt_len) // bs
+                done_blocks = (computed if computed < prompt_len else prompt_len) // bs
                 self.kv.cache_blocks(req.blocks, req.block_hashes, 0, done_blocks)
-            if req.num_computed >= req.num_tokens:
+            if computed >= prompt_len + req.num_output:
                 req.num_output += 1
                 if req.first_token is None:
                     req.first_token = end
-                elif self.itl is not None:
-                    self.itl.append(end - req.last_token)
+                elif itl is not None:
+                    itl.append(end - req.last_token)
                 req.last_token = end
                 emitted.append(req)
                 if req.num_output >= req.output_target:
@@ -205,9 +208,6 @@ class EngineCore:
         req.finish_reason = reason
         self.finished_requests += 1
 
-    def _blocks_needed(self, req: Request, total_tokens: int) -> int:
-        return ceil_div(total_tokens, self.cfg.block_size) - len(req.blocks)
-
     def _preempt_newest(self) -> Request:
         victim = self.running.pop()
         self.kv.release(victim.blocks)
@@ -227,24 +227,27 @@ class EngineCore:
         decode_only: bool = False,
         prefill_only: bool = False,
     ) -> int:
-        kv = self.kv
+        kv, bs, running = self.kv, self.cfg.block_size, self.running
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            if (decode_only and req.in_prefill) or (prefill_only and not req.in_prefill):
+        while i < len(running) and budget > 0:
+            req = running[i]
+            computed = req.num_computed
+            prefill = computed < req.prompt_len
+            if (decode_only and prefill) or (prefill_only and not prefill):
                 i += 1
                 continue
-            n = min(req.num_tokens - req.num_computed, budget)
-            need = self._blocks_needed(req, req.num_computed + n)
-            while need > 0 and not kv.can_allocate(need):
-                victim = self._preempt_newest()
-                preempted.append(victim)
-                if victim is req:
-                    req = None
-                    break
-            if req is None:
-                break
+            n = req.prompt_len + req.num_output - computed
+            if n > budget:
+                n = budget
+            need = -(-(computed + n) // bs) - len(req.blocks)
             if need > 0:
+                while not kv.can_allocate(need):
+                    victim = self._preempt_newest()
+                    preempted.append(victim)
+                    if victim is req:
+                        break
+                if req.status != RUNNING:
+                    break
                 req.blocks.extend(kv.allocate(need))
             scheduled.append((req, n))
             budget -= n

@@ -65,3 +65,26 @@ def test_services_volumes_and_healthchecks():
 @pytest.mark.parametrize("name", ["Dockerfile", ".dockerignore"])
 def test_image_files_exist(name):
     assert (ROOT / name).is_file()
+
+
+def test_simulated_engine_service_runs_natively(tmp_path):
+    import httpx
+
+    from tests.conftest import free_port
+    from tests.integration.processes import Process, compose_command, wait_until
+
+    cmd = compose_command("sim-vllm")
+    port = free_port()
+    cmd[cmd.index("--port") + 1] = str(port)
+    process = Process("sim-vllm", [*cmd, "--host", "127.0.0.1"], {}, tmp_path)
+    try:
+
+        def healthy():
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(healthy, 30, lambda: process.output())
+    finally:
+        process.stop()
