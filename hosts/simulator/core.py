@@ -10,6 +10,9 @@ with at most ``max_num_seqs`` running. When KV blocks run out the newest running
 preempted: its blocks are freed and it goes back to the front of the queue to be recomputed.
 SGLang (``mixed_batches=False``) runs a prefill step whenever it can admit waiting requests and
 a decode step of every running request otherwise.
+
+Simplifications: SGLang's lpm/dfs-weight/lof/random policies queue first-come first-served here,
+and KV is accounted in blocks of 16 tokens for SGLang too (its page size is 1).
 """
 
 from __future__ import annotations
