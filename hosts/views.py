@@ -3,6 +3,7 @@
 from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
 from django.db.models import Count, Prefetch
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
@@ -70,7 +71,9 @@ def host_check(request, pk):
     host = get_object_or_404(Host, pk=pk)
     services.request_host_check(request.user, host)
     if request.headers.get("HX-Request"):
-        return host_checks(request, pk)
+        # No fragment here: the worker may already have moved on, and a snapshot arriving
+        # after a live refresh would show an older state. The table re-fetches itself instead.
+        return HttpResponse(status=204, headers={"HX-Trigger": "checks-changed"})
     messages.info(request, f"Checking {host}…")
     return redirect(host)
 

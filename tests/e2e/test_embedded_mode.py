@@ -99,7 +99,15 @@ def test_make_run_gives_a_working_panel(panel, browser, listener, tmp_path):
     started = time.monotonic()
     page.get_by_test_id("check-host").click()
     row = page.locator("#checks tr[data-check-status=succeeded]").first
-    row.wait_for(timeout=20000)
+    try:
+        row.wait_for(timeout=20000)
+    except Exception:
+        raise AssertionError(
+            "the check never showed as succeeded:\n"
+            + page.inner_html("#checks")
+            + "\n--- panel log ---\n"
+            + panel["process"].output()[-4000:]
+        ) from None
     elapsed = time.monotonic() - started
     assert f"agent port {listener} answered in" in row.inner_text()
     assert "admin" in row.inner_text()

@@ -91,14 +91,25 @@ def test_sweep_checks_every_host_and_prunes_old_checks(settings, monkeypatch):
     assert not HostCheck.objects.filter(pk=old.pk).exists()
 
 
-def test_check_view_queues_a_check_and_returns_the_fragment_to_htmx(client, operator, monkeypatch):
+def test_check_view_queues_a_check_and_tells_htmx_to_refresh(client, operator, monkeypatch):
     monkeypatch.setattr(tasks.check_host, "delay", lambda pk: None)
     host = make_host()
     client.force_login(operator)
     response = client.post(reverse("hosts:check", args=[host.pk]), HTTP_HX_REQUEST="true")
-    assert response.status_code == 200
-    assert 'id="checks"' in response.content.decode() and "Queued" in response.content.decode()
+    assert response.status_code == 204 and response["HX-Trigger"] == "checks-changed"
     assert host.checks.get().requested_by == operator
+    fragment = client.get(reverse("hosts:checks", args=[host.pk])).content.decode()
+    assert "<table>" in fragment and "Queued" in fragment and 'id="checks"' not in fragment
+    page = client.get(host.get_absolute_url()).content.decode()
+    assert "checks-changed from:body" in page and 'hx-swap="innerHTML"' in page
+
+
+def test_check_view_without_htmx_redirects_to_the_host(client, operator, monkeypatch):
+    monkeypatch.setattr(tasks.check_host, "delay", lambda pk: None)
+    host = make_host()
+    client.force_login(operator)
+    response = client.post(reverse("hosts:check", args=[host.pk]))
+    assert response.status_code == 302 and response["Location"] == host.get_absolute_url()
 
 
 def test_check_view_refuses_get(client, operator):
