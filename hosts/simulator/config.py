@@ -3,8 +3,7 @@ compute them at start, or the error the real engine would stop with."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hosts.engines import get_spec, sglang, vllm
 from hosts.simulator.catalog import GpuSpec, ModelSpec, resolve_model
@@ -91,7 +90,10 @@ def build_config(
     return build(spec, model_name, model, clean, gpu, num_gpus)
 
 
-def _weights(model: ModelSpec, quantization: str | None, dtype: str) -> tuple[ModelSpec, float]:
+def _weights(
+    model: ModelSpec, quantization: str | None, dtype: str
+) -> tuple[ModelSpec, float, float]:
+    """``(model as loaded, activation dtype bytes, weight bytes)``, or the engine's refusal."""
     if quantization and model.quantization and quantization.split("_")[0] != model.quantization:
         raise StartupError(
             f"Quantization method specified in the model config ({model.quantization}) does not "
@@ -105,13 +107,10 @@ def _weights(model: ModelSpec, quantization: str | None, dtype: str) -> tuple[Mo
             f"Cannot find the config file for {quantization}: the model is not quantized with it."
         )
     if quantization in ("fp8", "fbgemm_fp8", "modelopt", "w8a8_fp8") and model.quantization is None:
-        from dataclasses import replace
-
         model = replace(model, quantization="fp8")  # online FP8 weight quantization
-    dtype_bytes = 4.0 if dtype in ("float", "float32") else 2.0
-    if model.quantization is None and dtype_bytes == 4.0:
-        return model, 4.0
-    return model, 2.0
+    if model.quantization is None and dtype in ("float", "float32"):
+        return model, 4.0, model.params * 4.0
+    return model, 2.0, model.weight_bytes
 
 
 def _kv_dtype_bytes(kv_cache_dtype: str, dtype_bytes: float) -> float:
@@ -144,12 +143,8 @@ def _build_vllm(spec, model_name, model, s, gpu, num_gpus) -> SimConfig:
     auto = vllm.auto_defaults(gpu.memory_bytes, gpu.nvml_name)
     tp = s.get("tensor_parallel_size", 1)
     _check_parallel(model, tp, num_gpus)
-    model, dtype_bytes = _weights(model, s.get("quantization"), s.get("dtype", "auto"))
+    model, dtype_bytes, weights = _weights(model, s.get("quantization"), s.get("dtype", "auto"))
     kv_bytes = _kv_dtype_bytes(s.get("kv_cache_dtype", "auto"), dtype_bytes)
-    if dtype_bytes == 4.0:
-        weights = model.params * 4.0
-    else:
-        weights = model.weight_bytes
 
     derived_len = model.max_position
     max_model_len = s.get("max_model_len", -1)
@@ -274,8 +269,7 @@ def _build_sglang(spec, model_name, model, s, gpu, num_gpus) -> SimConfig:
     tp = s.get("tp_size", 1)
     _check_parallel(model, tp, num_gpus)
     auto = sglang.auto_defaults(gpu.memory_bytes, tp)
-    model, dtype_bytes = _weights(model, s.get("quantization"), s.get("dtype", "auto"))
-    weights = model.params * 4.0 if dtype_bytes == 4.0 else model.weight_bytes
+    model, dtype_bytes, weights = _weights(model, s.get("quantization"), s.get("dtype", "auto"))
     kv_bytes = _kv_dtype_bytes(s.get("kv_cache_dtype", "auto"), dtype_bytes)
     fraction = s.get("mem_fraction_static", auto["mem_fraction_static"])
     chunk = s.get("chunked_prefill_size", auto["chunked_prefill_size"])
@@ -362,6 +356,3 @@ def _build_sglang(spec, model_name, model, s, gpu, num_gpus) -> SimConfig:
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
-
-
-__all__ = ["StartupError", "SimConfig", "build_config", "ceil_div", "math"]
