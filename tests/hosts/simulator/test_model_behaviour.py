@@ -197,3 +197,23 @@ def test_predict_is_deterministic():
         seed=3,
     )
     assert predict("vllm", LLAMA, CTX, "l40s", w) == predict("vllm", LLAMA, CTX, "l40s", w)
+
+
+def test_quantized_weights_leave_more_kv_and_decode_faster():
+    gpu = GPUS["l40s"]
+    bf16 = build_config("vllm", LLAMA, CTX, gpu)
+    fp8 = build_config("vllm", "neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8", CTX, gpu)
+    awq = build_config("vllm", "hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4", CTX, gpu)
+    assert awq.weights_bytes_per_gpu < fp8.weights_bytes_per_gpu < bf16.weights_bytes_per_gpu
+    assert awq.kv_capacity_tokens > fp8.kv_capacity_tokens > bf16.kv_capacity_tokens
+    w = Workload(num_requests=4, input_tokens=128, output_tokens=128, concurrency=1)
+    slow = predict("vllm", LLAMA, CTX, gpu, w)["tpot_ms"]["mean"]
+    fast = predict("vllm", "neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8", CTX, gpu, w)
+    assert fast["tpot_ms"]["mean"] < 0.7 * slow
+    with pytest.raises(StartupError, match="does not match the quantization method"):
+        build_config(
+            "vllm",
+            "neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8",
+            {**CTX, "quantization": "awq"},
+            gpu,
+        )
