@@ -1,0 +1,22 @@
+"""The load generator: drives an OpenAI-compatible endpoint and measures it (pure: no Django).
+
+from benchmarks.loadgen import LoadSpec, Stage, run
+result = run(LoadSpec(base_url="http://127.0.0.1:8000", model="m", stages=(Stage(),)))
+"""
+
+from benchmarks.loadgen.runner import LoadGenError, LoadRun, Result, arun, run
+from benchmarks.loadgen.spec import Dataset, LengthDist, LoadSpec, SpecError, Stage, Trace
+
+__all__ = [
+    "Dataset",
+    "LengthDist",
+    "LoadGenError",
+    "LoadRun",
+    "LoadSpec",
+    "Result",
+    "SpecError",
+    "Stage",
+    "Trace",
+    "arun",
+    "run",
+]

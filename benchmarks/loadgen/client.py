@@ -1,0 +1,148 @@
+"""One streaming request, timed where the bytes arrive.
+
+Timestamps come from ``time.perf_counter()`` taken as each raw chunk is read from the socket,
+before any JSON parsing, so parsing cost never lands in TTFT or ITL. SSE events are split on
+blank lines as bytes; a read holding several events gives them the same arrival time (they did
+arrive together).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+
+from benchmarks.loadgen.dataset import Prompt
+from benchmarks.loadgen.stats import RequestRecord
+
+CLOCK = time.perf_counter
+
+
+class MalformedStream(Exception):
+    """The server's answer is not the SSE stream an OpenAI-compatible server sends."""
+
+
+def request_body(endpoint: str, model: str, prompt: Prompt, ignore_eos: bool) -> dict:
+    body = {
+        "model": model,
+        "max_tokens": prompt.output_len,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.0,
+    }
+    if ignore_eos:
+        body["ignore_eos"] = True
+        body["min_tokens"] = prompt.output_len
+    if endpoint.endswith("/chat/completions"):
+        body["messages"] = [{"role": "user", "content": prompt.payload}]
+    else:
+        body["prompt"] = prompt.payload
+    return body
+
+
+def _token_text(event: dict) -> str | None:
+    """The text a chunk carries, or None for chunks without choices (usage, keep-alives)."""
+    choices = event.get("choices")
+    if not choices:
+        return None
+    choice = choices[0]
+    if "delta" in choice:
+        delta = choice["delta"] or {}
+        return (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+    return choice.get("text") or ""
+
+
+async def send(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict,
+    record: RequestRecord,
+    headers: dict,
+    epoch: float,
+) -> RequestRecord:
+    """POST ``body`` and fill ``record`` (times relative to ``epoch``)."""
+    record.sent = CLOCK() - epoch
+    chunks = 0
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as response:
+            record.status = response.status_code
+            if response.status_code >= 400:
+                detail = (await response.aread())[:300].decode(errors="replace")
+                record.error_class = f"http_{response.status_code // 100}xx"
+                record.error = f"HTTP {response.status_code}: {detail}"
+                return record
+            if "text/event-stream" not in response.headers.get("content-type", ""):
+                raise MalformedStream(
+                    f"expected text/event-stream, got {response.headers.get('content-type')!r}"
+                )
+            buffer = b""
+            done = False
+            async for raw in response.aiter_raw():
+                now = CLOCK() - epoch
+                buffer += raw
+                while True:
+                    cut = buffer.find(b"\n\n")
+                    if cut < 0:
+                        break
+                    event, buffer = buffer[:cut], buffer[cut + 2 :]
+                    for line in event.replace(b"\r", b"").split(b"\n"):
+                        if not line.startswith(b"data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            done = True
+                            continue
+                        try:
+                            message = json.loads(data)
+                        except json.JSONDecodeError:
+                            raise MalformedStream(f"not JSON: {data[:80]!r}") from None
+                        if "error" in message and not message.get("choices"):
+                            raise MalformedStream(f"error in stream: {message['error']}")
+                        text = _token_text(message)
+                        if text:  # the role-only first chat chunk is not a token
+                            chunks += 1
+                            if record.first_token is None:
+                                record.first_token = now
+                            record.chunk_times.append(now)
+                        usage = message.get("usage")
+                        if usage:
+                            record.output_tokens = usage.get("completion_tokens") or 0
+                            record.prompt_tokens = usage.get("prompt_tokens")
+                            record.token_source = "usage"
+            record.end = CLOCK() - epoch
+            if not done:
+                raise MalformedStream("the stream ended without data: [DONE]")
+            if record.token_source != "usage":
+                record.output_tokens = chunks
+            if chunks == 0:
+                raise MalformedStream("the stream carried no tokens")
+    except MalformedStream as exc:
+        record.error_class, record.error = "malformed_stream", str(exc)
+    except httpx.TimeoutException as exc:
+        record.error_class, record.error = "timeout", f"{type(exc).__name__}: {exc}"
+    except (
+        httpx.ConnectError,
+        httpx.RemoteProtocolError,
+        httpx.ReadError,
+        httpx.WriteError,
+    ) as exc:
+        record.error_class, record.error = "connection", f"{type(exc).__name__}: {exc}"
+    except httpx.HTTPError as exc:
+        record.error_class, record.error = "http", f"{type(exc).__name__}: {exc}"
+    finally:
+        if record.end != record.end:  # NaN: ended by an error or a cancel
+            record.end = CLOCK() - epoch
+    return record
+
+
+def make_client(concurrency: int, timeout: float, api_key: str | None) -> httpx.AsyncClient:
+    """One client for the run, its pool sized to the load (httpx #3215: an undersized pool
+    makes requests queue inside the client, which shows up as server latency)."""
+    limits = httpx.Limits(
+        max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8
+    )
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return httpx.AsyncClient(
+        limits=limits, headers=headers, timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0))
+    )

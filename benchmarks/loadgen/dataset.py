@@ -1,0 +1,120 @@
+"""Prompts of exact lengths without downloading anything, and recorded traces."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.loadgen.spec import Dataset, SpecError
+
+# Token ids well inside every supported vocabulary, away from special tokens.
+TOKEN_LOW, TOKEN_HIGH = 1000, 30000
+WORDS = (
+    "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
+    "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu"
+).split()
+
+
+@dataclass(slots=True)
+class Prompt:
+    """One request's prompt, the lengths it was made for and its shared-prefix group."""
+
+    payload: list[int] | str
+    input_len: int
+    output_len: int
+    prefix_id: int | None
+
+
+class PromptFactory:
+    """Deterministic prompts: request ``i`` gets the same prompt for the same seed."""
+
+    def __init__(self, dataset: Dataset, seed: int, tokens_per_word: float = 1.0):
+        self.dataset = dataset
+        self.seed = seed
+        self.tokens_per_word = tokens_per_word
+        self._prefixes: dict[int, list[int]] = {}
+
+    def _prefix_ids(self, group: int) -> list[int]:
+        if group not in self._prefixes:
+            rng = random.Random(f"prefix:{self.seed}:{group}")
+            self._prefixes[group] = [
+                rng.randrange(TOKEN_LOW, TOKEN_HIGH) for _ in range(self.dataset.prefix_len)
+            ]
+        return self._prefixes[group]
+
+    def make(
+        self,
+        index: int,
+        input_len: int | None = None,
+        output_len: int | None = None,
+        prefix_id: int | None = -1,
+    ) -> Prompt:
+        """Prompt ``index``; lengths and prefix from a trace row when given."""
+        d = self.dataset
+        rng = random.Random(f"req:{self.seed}:{index}")
+        n_in = input_len if input_len is not None else d.input_len.sample(rng)
+        n_out = output_len if output_len is not None else d.output_len.sample(rng)
+        if prefix_id == -1:  # not given: the dataset decides
+            shared = d.prefix_len > 0 and rng.random() < d.prefix_share
+            prefix_id = rng.randrange(d.prefix_groups) if shared else None
+        prefix = self._prefix_ids(prefix_id)[:n_in] if prefix_id is not None else []
+        ids = prefix + [rng.randrange(TOKEN_LOW, TOKEN_HIGH) for _ in range(n_in - len(prefix))]
+        if d.prompt_format == "token_ids":
+            return Prompt(ids, n_in, n_out, prefix_id)
+        return Prompt(self._text(ids), n_in, n_out, prefix_id)
+
+    def _text(self, ids: list[int]) -> str:
+        words = max(1, round(len(ids) / self.tokens_per_word))
+        # Same ids → same words, so shared prefixes stay shared as text too.
+        return " ".join(WORDS[ids[i % len(ids)] % len(WORDS)] for i in range(words))
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRow:
+    timestamp: float
+    input_tokens: int
+    output_tokens: int
+    prefix_id: int | None
+
+
+def load_trace(path: str) -> list[TraceRow]:
+    """JSONL (one object a line) or CSV with a header; rows sorted by timestamp."""
+    file = Path(path)
+    if not file.is_file():
+        raise SpecError(f"trace: no such file {path!r}")
+    rows = []
+    with file.open(newline="") as handle:
+        if file.suffix.lower() == ".csv":
+            records = list(csv.DictReader(handle))
+        else:
+            records = []
+            for number, line in enumerate(handle, start=1):
+                if line.strip():
+                    try:
+                        records.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise SpecError(f"trace line {number}: {exc.msg}") from None
+    for number, record in enumerate(records, start=1):
+        try:
+            prefix = record.get("prefix_id")
+            rows.append(
+                TraceRow(
+                    float(record["timestamp"]),
+                    int(record["input_tokens"]),
+                    int(record["output_tokens"]),
+                    int(prefix) if prefix not in (None, "") else None,
+                )
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SpecError(
+                f"trace row {number}: needs timestamp, input_tokens, output_tokens ({exc})"
+            ) from None
+        if rows[-1].input_tokens < 1 or rows[-1].output_tokens < 1:
+            raise SpecError(f"trace row {number}: token counts must be >= 1")
+    if not rows:
+        raise SpecError(f"trace: {path!r} has no rows")
+    rows.sort(key=lambda r: r.timestamp)
+    return rows

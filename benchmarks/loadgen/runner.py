@@ -1,0 +1,446 @@
+"""Running a load test: readiness, warm-up, stages, progress, server metrics, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import math
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import httpx
+
+from benchmarks.loadgen.arrivals import open_loop_offsets, open_loop_stream
+from benchmarks.loadgen.client import CLOCK, make_client, request_body, send
+from benchmarks.loadgen.dataset import Prompt, PromptFactory, load_trace
+from benchmarks.loadgen.scrape import Scraper
+from benchmarks.loadgen.spec import LoadSpec, Stage
+from benchmarks.loadgen.stats import RequestRecord, percentile, summarize
+
+ROLLING_WINDOW_S = 10.0
+
+
+class LoadGenError(RuntimeError):
+    """The run could not start (unreachable server, unknown model, bad spec)."""
+
+
+@dataclass
+class Result:
+    """One load test's outcome: summary, per-stage summaries, timeline, server view."""
+
+    spec: dict
+    summary: dict
+    stages: dict[str, dict]
+    timeline: list[dict]
+    server: dict
+    started_at: str
+    cancelled: bool = False
+    stopped_early: str | None = None
+    records: list[dict] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        first = self.spec["stages"][0] if self.spec.get("stages") else {}
+        head = {
+            # The `vllm bench serve` header, so existing tooling reads our files.
+            "date": self.started_at,
+            "backend": "openai-chat" if "chat" in self.spec["endpoint"] else "openai",
+            "model_id": self.spec["model"],
+            "endpoint": self.spec["endpoint"],
+            "num_prompts": self.summary["completed"] + self.summary["failed"],
+            "request_rate": first.get("request_rate") or "inf",
+            "burstiness": first.get("burstiness", 1.0),
+            "max_concurrency": first.get("max_concurrency") or first.get("concurrency"),
+        }
+        body = {
+            **head,
+            **self.summary,
+            "stages": self.stages,
+            "timeline": self.timeline,
+            "server": self.server,
+            "cancelled": self.cancelled,
+            "stopped_early": self.stopped_early,
+            "notes": self.notes,
+            "spec": self.spec,
+        }
+        if self.records is not None:
+            body["records"] = self.records
+        return body
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.to_dict(), default=_json_default, **kwargs)
+
+
+def _json_default(value):
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+class LoadRun:
+    """One execution of a LoadSpec. ``cancel()`` may be called from any task or thread."""
+
+    def __init__(self, spec: LoadSpec, on_progress=None):
+        spec.validate()
+        self.spec = spec
+        self.on_progress = on_progress
+        self.records: list[RequestRecord] = []
+        self.in_flight: set[RequestRecord] = set()
+        self.recent: deque[RequestRecord] = deque()
+        self.timeline: list[dict] = []
+        self.stage_name = ""
+        self.cancelled = False
+        self.stopped_early: str | None = None
+        self.notes: list[str] = []
+        self._stop = asyncio.Event() if _in_loop() else None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._next_index = 0
+        self._finished_chunks = 0
+        self._last_tick = {"completed": 0, "failed": 0, "chunks": 0}
+
+    # --- control --------------------------------------------------------------------------
+    def cancel(self) -> None:
+        """Stop sending, abort requests in flight, keep what was measured."""
+        loop = self._loop
+        if loop is None:
+            self.cancelled = True
+            return
+        loop.call_soon_threadsafe(self._cancel_now)
+
+    def _cancel_now(self, reason: str | None = None) -> None:
+        if reason:
+            self.stopped_early = reason
+        else:
+            self.cancelled = True
+        self._stop.set()
+        for task in list(self._tasks):
+            task.cancel()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    # --- the run --------------------------------------------------------------------------
+    async def execute(self) -> Result:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        if self.cancelled:
+            self._stop.set()
+        spec = self.spec
+        peak = max([s.max_concurrency or s.concurrency or 64 for s in spec.stages] + [8])
+        started_at = datetime.now(UTC).isoformat(timespec="seconds")
+        async with make_client(max(peak, 256), spec.request_timeout_s, spec.api_key) as client:
+            self.client = client
+            await self._wait_ready(client)
+            self.prompts = PromptFactory(
+                spec.dataset, spec.seed, await self._tokens_per_word(client)
+            )
+            self.url = spec.base_url.rstrip("/") + spec.endpoint
+            self.epoch = CLOCK()
+            scraper = Scraper(client, spec.base_url.rstrip("/") + "/metrics")
+            if spec.scrape_metrics:
+                await scraper.snapshot(0.0)
+            background = [asyncio.create_task(self._ticker(scraper))]
+            try:
+                if spec.warmup_requests and not self.stopping:
+                    await self._warmup()
+                    if spec.scrape_metrics:
+                        # Server-side deltas start after the warm-up, like client-side ones.
+                        scraper.first = await scraper.snapshot(CLOCK() - self.epoch)
+                if spec.trace is not None:
+                    await self._trace_stage()
+                else:
+                    for stage in spec.stages:
+                        if self.stopping:
+                            break
+                        await self._stage(stage)
+            finally:
+                for task in background:
+                    task.cancel()
+                await asyncio.gather(*background, return_exceptions=True)
+            if spec.scrape_metrics:
+                await scraper.snapshot(CLOCK() - self.epoch)
+            self._tick(scraper)  # the last, partial second
+        return self._result(scraper, started_at)
+
+    async def _wait_ready(self, client: httpx.AsyncClient) -> None:
+        base = self.spec.base_url.rstrip("/")
+        deadline = time.monotonic() + self.spec.ready_timeout_s
+        last_error = ""
+        while True:
+            try:
+                health = await client.get(base + "/health", timeout=5)
+                if health.status_code in (200, 404):  # 404: a server without /health
+                    models = await client.get(base + "/v1/models", timeout=5)
+                    if models.status_code == 200:
+                        served = [m.get("id") for m in models.json().get("data", [])]
+                        if self.spec.model not in served:
+                            raise LoadGenError(
+                                f"model {self.spec.model!r} is not served at "
+                                f"{base} (it serves {served})"
+                            )
+                        return
+                    last_error = f"/v1/models answered {models.status_code}"
+                else:
+                    last_error = f"/health answered {health.status_code}"
+            except httpx.HTTPError as exc:
+                last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            except ValueError:
+                raise LoadGenError(f"{base}/v1/models did not answer JSON") from None
+            if time.monotonic() > deadline or self.stopping:
+                raise LoadGenError(
+                    f"cannot reach a ready server at {base} within "
+                    f"{self.spec.ready_timeout_s:g} s: {last_error}"
+                )
+            await asyncio.sleep(0.25)
+
+    async def _tokens_per_word(self, client: httpx.AsyncClient) -> float:
+        if self.spec.dataset.prompt_format != "text":
+            return 1.0
+        sample = " ".join(["alpha bravo charlie delta echo"] * 40)
+        try:
+            response = await client.post(
+                self.spec.base_url.rstrip("/") + "/tokenize",
+                json={"model": self.spec.model, "prompt": sample, "add_special_tokens": False},
+                timeout=10,
+            )
+            count = response.json()["count"]
+            return max(count / 200, 0.1)
+        except (httpx.HTTPError, KeyError, ValueError):
+            self.notes.append(
+                "the server has no /tokenize: text prompt lengths are approximate "
+                "(1 token per word); input token counts come from usage"
+            )
+            return 1.0
+
+    def _record(self, stage: str, prompt: Prompt, scheduled: float, warmup: bool = False):
+        index = self._next_index
+        self._next_index += 1
+        record = RequestRecord(
+            index=index,
+            stage=stage,
+            warmup=warmup,
+            input_len=prompt.input_len,
+            max_tokens=prompt.output_len,
+            scheduled=scheduled,
+            prefix_id=prompt.prefix_id,
+        )
+        self.records.append(record)
+        return record
+
+    async def _do(
+        self, record: RequestRecord, prompt: Prompt, semaphore: asyncio.Semaphore | None = None
+    ) -> None:
+        body = request_body(self.spec.endpoint, self.spec.model, prompt, self.spec.ignore_eos)
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        try:
+            if semaphore is not None:
+                async with semaphore:
+                    await self._send(record, body)
+            else:
+                await self._send(record, body)
+        except asyncio.CancelledError:
+            record.error_class = record.error_class or "cancelled"
+            record.error = record.error or "cancelled by the run"
+            if record.end != record.end:
+                record.end = CLOCK() - self.epoch
+        finally:
+            self._tasks.discard(task)
+        self._check_error_rate()
+
+    async def _send(self, record: RequestRecord, body: dict) -> None:
+        self.in_flight.add(record)
+        self.recent.append(record)
+        try:
+            await send(self.client, self.url, body, record, {}, self.epoch)
+        finally:
+            self.in_flight.discard(record)
+            self._finished_chunks += len(record.chunk_times)
+
+    def _check_error_rate(self) -> None:
+        limit = self.spec.max_error_rate
+        if limit is None or self.stopping:
+            return
+        done = [
+            r
+            for r in self.records
+            if not r.warmup
+            and r.end == r.end
+            and r.error_class != "cancelled"
+            and r not in self.in_flight
+        ]
+        if len(done) < self.spec.min_requests_for_error_rate:
+            return
+        rate = sum(1 for r in done if not r.ok) / len(done)
+        if rate > limit:
+            self._cancel_now(
+                f"error rate {rate:.0%} over the limit of {limit:.0%} after {len(done)} requests"
+            )
+
+    async def _warmup(self) -> None:
+        self.stage_name = "warmup"
+        prompts = [self.prompts.make(-1 - i) for i in range(self.spec.warmup_requests)]
+        semaphore = asyncio.Semaphore(4)
+        await asyncio.gather(
+            *(
+                self._do(self._record("warmup", p, CLOCK() - self.epoch, warmup=True), p, semaphore)
+                for p in prompts
+            )
+        )
+
+    async def _stage(self, stage: Stage) -> None:
+        self.stage_name = stage.name
+        start = CLOCK() - self.epoch
+        deadline = start + stage.duration_s if stage.duration_s else math.inf
+        limit = stage.num_requests if stage.num_requests is not None else math.inf
+        if stage.request_rate is None:
+            issued = 0
+
+            async def worker():
+                nonlocal issued
+                while not self.stopping and issued < limit and CLOCK() - self.epoch < deadline:
+                    issued += 1
+                    prompt = self.prompts.make(self._next_index)
+                    await self._do(self._record(stage.name, prompt, CLOCK() - self.epoch), prompt)
+
+            await asyncio.gather(*(worker() for _ in range(stage.concurrency)))
+            return
+        rng = random.Random(f"arrivals:{self.spec.seed}:{stage.name}")
+        offsets = (
+            open_loop_offsets(int(limit), stage.request_rate, stage.burstiness, rng)
+            if limit != math.inf
+            else open_loop_stream(stage.request_rate, stage.burstiness, rng)
+        )
+        semaphore = asyncio.Semaphore(stage.max_concurrency) if stage.max_concurrency else None
+        await self._dispatch(stage.name, ((start + o, None) for o in offsets), deadline, semaphore)
+
+    async def _trace_stage(self) -> None:
+        trace = self.spec.trace
+        rows = load_trace(trace.path)
+        self.stage_name = "trace"
+        start = CLOCK() - self.epoch
+        first = rows[0].timestamp
+        plan = ((start + (row.timestamp - first) * trace.time_scale, row) for row in rows)
+        await self._dispatch("trace", plan, math.inf, None)
+
+    async def _dispatch(self, stage: str, plan, deadline: float, semaphore) -> None:
+        """Start each request at its absolute scheduled time; never drift."""
+        tasks = []
+        for scheduled, row in plan:
+            if self.stopping or scheduled >= deadline:
+                break
+            delay = scheduled - (CLOCK() - self.epoch)
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(self._stop.wait(), delay)
+                    break  # stopped while waiting
+                except TimeoutError:
+                    pass
+            if row is None:
+                prompt = self.prompts.make(self._next_index)
+            else:
+                prompt = self.prompts.make(
+                    self._next_index, row.input_tokens, row.output_tokens, row.prefix_id
+                )
+            record = self._record(stage, prompt, scheduled)
+            tasks.append(asyncio.create_task(self._do(record, prompt, semaphore)))
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- progress -------------------------------------------------------------------------
+    async def _ticker(self, scraper: Scraper) -> None:
+        next_tick = 1.0
+        while True:
+            delay = next_tick - (CLOCK() - self.epoch)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if self.spec.scrape_metrics:
+                await scraper.snapshot(CLOCK() - self.epoch)
+            point = self._tick(scraper)
+            if self.on_progress is not None:
+                outcome = self.on_progress(point)
+                if inspect.isawaitable(outcome):
+                    await outcome
+            next_tick += 1.0
+
+    def _tick(self, scraper: Scraper) -> dict:
+        now = CLOCK() - self.epoch
+        done = [
+            r for r in self.records if r.end == r.end and r not in self.in_flight and not r.warmup
+        ]
+        completed = sum(1 for r in done if r.ok)
+        failed = sum(1 for r in done if not r.ok and r.error_class != "cancelled")
+        chunks = self._finished_chunks + sum(len(r.chunk_times) for r in self.in_flight)
+        while self.recent and self.recent[0].sent < now - ROLLING_WINDOW_S - 600:
+            self.recent.popleft()
+        ttfts = sorted(
+            (r.first_token - r.sent) * 1000
+            for r in self.recent
+            if r.first_token is not None
+            and not r.warmup
+            and r.first_token >= now - ROLLING_WINDOW_S
+        )
+        last = self._last_tick
+        elapsed = max(now - last.get("t", 0.0), 1e-9)
+        server = scraper.last or {}
+        point = {
+            "t": round(now, 3),
+            "stage": self.stage_name,
+            "in_flight": len(self.in_flight),
+            "completed": completed,
+            "failed": failed,
+            "requests_per_s": (completed - last["completed"]) / elapsed,
+            "errors_per_s": (failed - last["failed"]) / elapsed,
+            "output_tokens_per_s": (chunks - last["chunks"]) / elapsed,
+            "ttft_p50_ms": percentile(ttfts, 50) if ttfts else None,
+            "ttft_p95_ms": percentile(ttfts, 95) if ttfts else None,
+            "server_waiting": server.get("waiting"),
+            "server_running": server.get("running"),
+            "kv_cache_usage": server.get("kv_cache_usage"),
+        }
+        self._last_tick = {"t": now, "completed": completed, "failed": failed, "chunks": chunks}
+        self.timeline.append(point)
+        return point
+
+    def _result(self, scraper: Scraper, started_at: str) -> Result:
+        kept = [r for r in self.records if r.error_class != "cancelled"]
+        stages = {}
+        for name in dict.fromkeys(r.stage for r in kept if not r.warmup):
+            stages[name] = summarize([r for r in kept if r.stage == name], self.spec.goodput)
+        summary = summarize(kept, self.spec.goodput)
+        summary["cancelled_requests"] = len(self.records) - len(kept)
+        summary["warmup_requests"] = sum(1 for r in self.records if r.warmup)
+        return Result(
+            spec=self.spec.to_dict(),
+            summary=summary,
+            stages=stages,
+            timeline=self.timeline,
+            server=scraper.report() if self.spec.scrape_metrics else {"available": False},
+            started_at=started_at,
+            cancelled=self.cancelled,
+            stopped_early=self.stopped_early,
+            records=[r.to_dict() for r in self.records] if self.spec.record_requests else None,
+            notes=self.notes,
+        )
+
+
+def _in_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        return False
+
+
+async def arun(spec: LoadSpec, on_progress=None) -> Result:
+    return await LoadRun(spec, on_progress).execute()
+
+
+def run(spec: LoadSpec, on_progress=None) -> Result:
+    """Run ``spec`` to the end (blocking), e.g. from a Celery task."""
+    return asyncio.run(arun(spec, on_progress))

@@ -1,0 +1,195 @@
+"""Per-request records → the summary experts read (names as `vllm bench serve` writes them)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+PERCENTILES = (50, 90, 95, 99, 99.9)
+
+
+@dataclass(slots=True, eq=False)  # identity semantics: records live in sets
+class RequestRecord:
+    """Everything measured about one request (seconds on the run's monotonic clock)."""
+
+    index: int
+    stage: str
+    warmup: bool
+    input_len: int  # what the prompt was made for
+    max_tokens: int
+    scheduled: float  # when the load pattern wanted it sent
+    sent: float = math.nan  # when it left (after any client-side queueing)
+    first_token: float | None = None
+    chunk_times: list[float] = field(default_factory=list)  # arrival of each token chunk
+    end: float = math.nan
+    prompt_tokens: int | None = None  # from the server's usage
+    output_tokens: int = 0
+    token_source: str = "chunks"  # "usage" when the server reported it
+    status: int | None = None
+    error_class: str | None = None
+    error: str = ""
+    prefix_id: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error_class is None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.sent
+
+    @property
+    def e2el(self) -> float:
+        return self.end - self.sent
+
+    @property
+    def tpot(self) -> float | None:
+        if self.first_token is None or self.output_tokens < 2:
+            return None
+        return (self.end - self.first_token) / (self.output_tokens - 1)
+
+    @property
+    def itls(self) -> list[float]:
+        t = self.chunk_times
+        return [t[i + 1] - t[i] for i in range(len(t) - 1)]
+
+    def to_dict(self) -> dict:
+        return {
+            "index": self.index,
+            "stage": self.stage,
+            "warmup": self.warmup,
+            "input_len": self.input_len,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "token_source": self.token_source,
+            "scheduled": self.scheduled,
+            "sent": self.sent,
+            "first_token": self.first_token,
+            "end": self.end,
+            "chunk_times": self.chunk_times,
+            "status": self.status,
+            "error_class": self.error_class,
+            "error": self.error,
+            "prefix_id": self.prefix_id,
+        }
+
+
+def percentile(ordered: list[float], p: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default) on sorted data."""
+    if not ordered:
+        return math.nan
+    k = (len(ordered) - 1) * p / 100
+    lo = math.floor(k)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def describe(values: list[float], name: str, scale: float = 1000.0) -> dict:
+    """``mean_/median_/std_/pNN_<name>_ms`` for a list of seconds."""
+    ordered = sorted(v * scale for v in values)
+    out = {}
+    n = len(ordered)
+    mean = sum(ordered) / n if n else math.nan
+    out[f"mean_{name}_ms"] = mean
+    out[f"median_{name}_ms"] = percentile(ordered, 50)
+    out[f"std_{name}_ms"] = math.sqrt(sum((v - mean) ** 2 for v in ordered) / n) if n else math.nan
+    for p in PERCENTILES:
+        label = f"{p:g}".replace(".", "_")
+        out[f"p{label}_{name}_ms"] = percentile(ordered, p)
+    return out
+
+
+def meets_slo(record: RequestRecord, slo: dict[str, float]) -> bool:
+    """Goodput: every given bound (ms) holds for this request."""
+    checks = {
+        "ttft": record.ttft,
+        "tpot": record.tpot,
+        "e2el": record.e2el,
+        "itl": max(record.itls) if record.itls else None,
+    }
+    for key, bound in slo.items():
+        value = checks[key]
+        if value is not None and value * 1000 > bound:
+            return False
+    return True
+
+
+def summarize(records: list[RequestRecord], slo: dict[str, float] | None = None) -> dict:
+    """The result document's headline numbers for the measured (non-warm-up) requests."""
+    measured = [r for r in records if not r.warmup]
+    ok = [r for r in measured if r.ok]
+    failed = [r for r in measured if not r.ok]
+    if measured:
+        start = min(r.sent if not math.isnan(r.sent) else r.scheduled for r in measured)
+        end = (
+            max(r.end for r in measured if not math.isnan(r.end))
+            if any(not math.isnan(r.end) for r in measured)
+            else start
+        )
+    else:
+        start = end = 0.0
+    duration = max(end - start, 1e-9)
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.prompt_tokens if r.prompt_tokens is not None else r.input_len for r in ok)
+    errors: dict[str, int] = {}
+    for r in failed:
+        errors[r.error_class] = errors.get(r.error_class, 0) + 1
+    result = {
+        "duration": duration,
+        "completed": len(ok),
+        "failed": len(failed),
+        "error_rate": len(failed) / len(measured) if measured else 0.0,
+        "errors_by_class": errors,
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": out_tokens / duration,
+        "total_token_throughput": (in_tokens + out_tokens) / duration,
+        "token_count_source": _token_source(ok),
+    }
+    if slo:
+        good = [r for r in ok if meets_slo(r, slo)]
+        result["request_goodput"] = len(good) / duration
+        result["goodput_share"] = len(good) / len(measured) if measured else 0.0
+    result.update(describe([r.ttft for r in ok if r.ttft is not None], "ttft"))
+    result.update(describe([r.tpot for r in ok if r.tpot is not None], "tpot"))
+    result.update(describe([x for r in ok for x in r.itls], "itl"))
+    result.update(describe([r.e2el for r in ok], "e2el"))
+    # Latency from the *scheduled* time shows what client-side queueing (or a server that
+    # stalls the sender) hides: coordinated omission.
+    result.update(
+        describe([r.first_token - r.scheduled for r in ok if r.first_token], "ttft_from_scheduled")
+    )
+    result.update(
+        describe([r.sent - r.scheduled for r in measured if not math.isnan(r.sent)], "client_queue")
+    )
+    result["max_concurrent_requests"] = _max_concurrency(measured)
+    result["max_output_tokens_per_s"] = _max_tokens_per_second(ok)
+    return result
+
+
+def _token_source(ok: list[RequestRecord]) -> str:
+    sources = {r.token_source for r in ok}
+    return sources.pop() if len(sources) == 1 else ("mixed" if sources else "none")
+
+
+def _max_concurrency(records: list[RequestRecord]) -> int:
+    events = []
+    for r in records:
+        if not math.isnan(r.sent) and not math.isnan(r.end):
+            events.append((r.sent, 1))
+            events.append((r.end, -1))
+    events.sort()
+    level = peak = 0
+    for _, delta in events:
+        level += delta
+        peak = max(peak, level)
+    return peak
+
+
+def _max_tokens_per_second(records: list[RequestRecord]) -> float:
+    buckets: dict[int, int] = {}
+    for r in records:
+        for t in r.chunk_times:
+            buckets[int(t)] = buckets.get(int(t), 0) + 1
+    return float(max(buckets.values(), default=0))
