@@ -257,5 +257,6 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": _env["LOG_LEVEL"]},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    # httpx logs every request at INFO: thousands a second during a load test.
+    "loggers": {"django.db.backends": {"level": "INFO"}, "httpx": {"level": "WARNING"}},
 }

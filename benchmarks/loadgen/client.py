@@ -63,9 +63,17 @@ async def send(
 ) -> RequestRecord:
     """POST ``body`` and fill ``record`` (times relative to ``epoch``)."""
     record.sent = CLOCK() - epoch
+
+    def sent_now():
+        # The transport calls this as it writes the request: what came before (building the
+        # request, waiting for the event loop) is client-side queueing, not server latency.
+        record.sent = CLOCK() - epoch
+
     chunks = 0
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as response:
+        async with client.stream(
+            "POST", url, json=body, headers=headers, extensions={"loadgen.sent": sent_now}
+        ) as response:
             record.status = response.status_code
             if response.status_code >= 400:
                 detail = (await response.aread())[:300].decode(errors="replace")
@@ -136,13 +144,13 @@ async def send(
     return record
 
 
-def make_client(concurrency: int, timeout: float, api_key: str | None) -> httpx.AsyncClient:
-    """One client for the run, its pool sized to the load (httpx #3215: an undersized pool
-    makes requests queue inside the client, which shows up as server latency)."""
-    limits = httpx.Limits(
-        max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8
-    )
+def make_client(timeout: float, api_key: str | None) -> httpx.AsyncClient:
+    """The run's one client: httpx's API over the fast transport (see transport.py)."""
+    from benchmarks.loadgen.transport import FastTransport
+
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     return httpx.AsyncClient(
-        limits=limits, headers=headers, timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0))
+        transport=FastTransport(),
+        headers=headers,
+        timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
     )

@@ -46,6 +46,7 @@ def parse(text: str) -> dict:
             continue
         engine = prefix
         column = 0 if prefix == "vllm" else 1
+        short = short.removesuffix("_total")  # untyped expositions keep the suffix
         for ours, names in GAUGES.items():
             if names[column] == short:
                 values[ours] = sum(s.value for s in family.samples)
