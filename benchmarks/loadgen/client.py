@@ -101,19 +101,30 @@ async def send(
                         if data == b"[DONE]":
                             done = True
                             continue
-                        try:
-                            message = json.loads(data)
-                        except json.JSONDecodeError:
-                            raise MalformedStream(f"not JSON: {data[:80]!r}") from None
-                        if "error" in message and not message.get("choices"):
-                            raise MalformedStream(f"error in stream: {message['error']}")
-                        text = _token_text(message)
+                        if (
+                            b'"choices":[{' in data
+                            and b'"usage":{' not in data
+                            and b'"text":""' not in data
+                            and b'"content":""' not in data
+                            and data.endswith(b"}")
+                        ):
+                            # A compact token chunk (vLLM's format): no need to parse it just
+                            # to learn that it carries text. Anything else is parsed.
+                            text, message = True, None
+                        else:
+                            try:
+                                message = json.loads(data)
+                            except json.JSONDecodeError:
+                                raise MalformedStream(f"not JSON: {data[:80]!r}") from None
+                            if "error" in message and not message.get("choices"):
+                                raise MalformedStream(f"error in stream: {message['error']}")
+                            text = _token_text(message)
                         if text:  # the role-only first chat chunk is not a token
                             chunks += 1
                             if record.first_token is None:
                                 record.first_token = now
                             record.chunk_times.append(now)
-                        usage = message.get("usage")
+                        usage = message.get("usage") if message else None
                         if usage:
                             record.output_tokens = usage.get("completion_tokens") or 0
                             record.prompt_tokens = usage.get("prompt_tokens")
