@@ -134,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-detailed", action="store_true", help="include per-request records")
     p.add_argument("--result-dir", default=".")
     p.add_argument("--result-filename", default=None)
+    p.add_argument(
+        "--workers", type=int, default=1, help="client processes sharing the load (one core each)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress line")
     return p
 
@@ -222,10 +225,25 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         spec = spec_from_args(args)
-        runner = LoadRun(spec, on_progress=None if args.quiet else progress_line)
+        progress = None if args.quiet else progress_line
+        if spec.workers > 1:
+            from benchmarks.loadgen.shard import ShardedRun
+
+            runner = ShardedRun(spec, on_progress=progress)
+        else:
+            runner = LoadRun(spec, on_progress=progress)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+    if spec.workers > 1:
+        signal.signal(signal.SIGINT, lambda *_: runner.cancel())
+        try:
+            result = runner.execute()
+        except LoadGenError as exc:
+            print(f"\nerror: {exc}", file=sys.stderr)
+            return 1
+        return finish(args, result)
 
     async def go():
         loop = asyncio.get_running_loop()
@@ -238,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     except LoadGenError as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
         return 1
+    return finish(args, result)
+
+
+def finish(args, result) -> int:
     if not args.quiet:
         sys.stderr.write("\n")
     data = result.to_dict()

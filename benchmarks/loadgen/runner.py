@@ -85,9 +85,11 @@ def _json_default(value):
 class LoadRun:
     """One execution of a LoadSpec. ``cancel()`` may be called from any task or thread."""
 
-    def __init__(self, spec: LoadSpec, on_progress=None):
+    def __init__(self, spec: LoadSpec, on_progress=None, shard: tuple[int, int] = (0, 1)):
         spec.validate()
         self.spec = spec
+        # Worker ``shard[0]`` of ``shard[1]`` takes request indices shard[0], +shard[1], ...
+        self.shard = shard
         self.on_progress = on_progress
         self.records: list[RequestRecord] = []
         self.in_flight: set[RequestRecord] = set()
@@ -99,7 +101,7 @@ class LoadRun:
         self._stop = asyncio.Event() if _in_loop() else None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._next_index = 0
+        self._next_index = shard[0]
         self._finished_chunks = 0
         self._last_tick = {"completed": 0, "failed": 0, "chunks": 0}
         # Kept up to date as requests finish, so that the per-second tick and the error-rate
@@ -224,7 +226,7 @@ class LoadRun:
 
     def _record(self, stage: str, prompt: Prompt, scheduled: float, warmup: bool = False):
         index = self._next_index
-        self._next_index += 1
+        self._next_index += self.shard[1]
         record = RequestRecord(
             index=index,
             stage=stage,
@@ -285,7 +287,10 @@ class LoadRun:
 
     async def _warmup(self) -> None:
         self.stage_name = "warmup"
-        prompts = [self.prompts.make(-1 - i) for i in range(self.spec.warmup_requests)]
+        worker, workers = self.shard
+        prompts = [
+            self.prompts.make(-1 - i) for i in range(worker, self.spec.warmup_requests, workers)
+        ]
         semaphore = asyncio.Semaphore(4)
         await asyncio.gather(
             *(
@@ -323,10 +328,15 @@ class LoadRun:
     async def _trace_stage(self) -> None:
         trace = self.spec.trace
         rows = load_trace(trace.path)
+        worker, workers = self.shard
         self.stage_name = "trace"
         start = CLOCK() - self.epoch
         first = rows[0].timestamp
-        plan = ((start + (row.timestamp - first) * trace.time_scale, row) for row in rows)
+        plan = (
+            (start + (row.timestamp - first) * trace.time_scale, row)
+            for number, row in enumerate(rows)
+            if number % workers == worker
+        )
         await self._dispatch("trace", plan, math.inf, None)
 
     async def _dispatch(self, stage: str, plan, deadline: float, semaphore) -> None:
@@ -432,6 +442,10 @@ def _in_loop() -> bool:
 
 
 async def arun(spec: LoadSpec, on_progress=None) -> Result:
+    return await arun_with(LoadRun(spec, on_progress))
+
+
+async def arun_with(load: LoadRun) -> Result:
     # A full cyclic-GC pass over thousands of live records stalls the loop for milliseconds,
     # and the stall lands in whichever TTFT is being timed. Freezing what exists and
     # collecting rarely keeps those passes out of the run without turning the GC off for a
@@ -441,20 +455,28 @@ async def arun(spec: LoadSpec, on_progress=None) -> Result:
     gc.freeze()
     gc.set_threshold(50_000, 50, 100)
     try:
-        return await LoadRun(spec, on_progress).execute()
+        return await load.execute()
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()
 
 
-def run(spec: LoadSpec, on_progress=None) -> Result:
-    """Run ``spec`` to the end (blocking), e.g. from a Celery task. Uses uvloop when it is
-    installed: its cheaper I/O callbacks keep the client's own delay out of the numbers."""
+def new_event_loop_factory():
     try:
         import uvloop
 
-        factory = uvloop.new_event_loop
+        return uvloop.new_event_loop
     except ImportError:  # pragma: no cover - uvicorn[standard] brings it
-        factory = None
-    with asyncio.Runner(loop_factory=factory) as runner:
+        return None
+
+
+def run(spec: LoadSpec, on_progress=None) -> Result:
+    """Run ``spec`` to the end (blocking), e.g. from a Celery task. Uses uvloop when it is
+    installed: its cheaper I/O callbacks keep the client's own delay out of the numbers.
+    With ``spec.workers > 1`` the load is shared by that many processes (see shard.py)."""
+    if spec.workers > 1:
+        from benchmarks.loadgen.shard import run_sharded
+
+        return run_sharded(spec, on_progress)
+    with asyncio.Runner(loop_factory=new_event_loop_factory()) as runner:
         return runner.run(arun(spec, on_progress))

@@ -145,6 +145,7 @@ class LoadSpec:
     scrape_metrics: bool = True
     metrics_interval_s: float = 1.0
     record_requests: bool = False
+    workers: int = 1  # client processes sharing the load (one core each)
 
     def validate(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -173,6 +174,8 @@ class LoadSpec:
                 raise SpecError(f"goodput: {key} must be > 0 ms")
         if self.max_error_rate is not None and not 0 <= self.max_error_rate <= 1:
             raise SpecError("max_error_rate: must be between 0 and 1")
+        if not 1 <= self.workers <= 64:
+            raise SpecError("workers: must be between 1 and 64")
         if self.trace is not None and self.trace.time_scale <= 0:
             raise SpecError("trace.time_scale: must be > 0")
 

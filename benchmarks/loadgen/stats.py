@@ -59,6 +59,7 @@ class RequestRecord:
             "stage": self.stage,
             "warmup": self.warmup,
             "input_len": self.input_len,
+            "max_tokens": self.max_tokens,
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
             "token_source": self.token_source,
