@@ -65,6 +65,16 @@ def parse_goodput(items: list[str]) -> dict[str, float]:
     return slo
 
 
+def histogram(text: str) -> LengthDist:
+    try:
+        pairs = tuple(
+            (int(n), float(w)) for n, _, w in (item.partition(":") for item in text.split(","))
+        )
+    except ValueError:
+        raise SpecError(f"histogram {text!r}: expected LEN:WEIGHT,...") from None
+    return LengthDist("empirical", values=pairs)
+
+
 def length(kind: str, mean: int, stddev: float, ratio: float) -> LengthDist:
     if kind == "fixed" and ratio > 0:  # vllm's --random-range-ratio: uniform around the mean
         low, high = max(1, round(mean * (1 - ratio))), round(mean * (1 + ratio))
@@ -109,6 +119,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--output-dist", default="fixed", choices=["fixed", "uniform", "normal", "lognormal"]
     )
     p.add_argument("--output-stddev", type=float, default=0.0)
+    p.add_argument(
+        "--input-hist",
+        default=None,
+        metavar="LEN:WEIGHT,...",
+        help="empirical input lengths, e.g. 200:5,1000:3,4000:1",
+    )
+    p.add_argument("--output-hist", default=None, metavar="LEN:WEIGHT,...")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="local tokenizer.json (or its directory) for exact text prompts",
+    )
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--goodput", nargs="+", default=None, metavar="METRIC:MS")
@@ -156,12 +178,17 @@ def spec_from_args(args) -> LoadSpec:
             ),
         )
     dataset = Dataset(
-        input_len=length(
+        input_len=histogram(args.input_hist)
+        if args.input_hist
+        else length(
             args.input_dist, args.random_input_len, args.input_stddev, args.random_range_ratio
         ),
-        output_len=length(
+        output_len=histogram(args.output_hist)
+        if args.output_hist
+        else length(
             args.output_dist, args.random_output_len, args.output_stddev, args.random_range_ratio
         ),
+        tokenizer=args.tokenizer,
         prefix_len=args.random_prefix_len,
         prefix_groups=args.prefix_groups,
         prefix_share=args.prefix_share,

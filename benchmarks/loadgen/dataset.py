@@ -35,6 +35,7 @@ class PromptFactory:
         self.dataset = dataset
         self.seed = seed
         self.tokens_per_word = tokens_per_word
+        self.tokenizer = load_tokenizer(dataset.tokenizer) if dataset.tokenizer else None
         self._prefixes: dict[int, list[int]] = {}
 
     def _prefix_ids(self, group: int) -> list[int]:
@@ -67,9 +68,42 @@ class PromptFactory:
         return Prompt(self._text(ids), n_in, n_out, prefix_id)
 
     def _text(self, ids: list[int]) -> str:
+        if self.tokenizer is not None:
+            return self._exact_text(ids)
         words = max(1, round(len(ids) / self.tokens_per_word))
         # Same ids → same words, so shared prefixes stay shared as text too.
         return " ".join(WORDS[ids[i % len(ids)] % len(WORDS)] for i in range(words))
+
+    def _exact_text(self, ids: list[int]) -> str:
+        """Text that the local tokenizer turns into exactly len(ids) tokens."""
+        n = len(ids)
+        words = [WORDS[i % len(WORDS)] for i in ids]
+        text = " ".join(words)
+        encoded = self.tokenizer.encode(text, add_special_tokens=False).ids
+        while len(encoded) < n:  # a tokenizer that merges words: add more
+            words.extend(words[: n - len(encoded)])
+            text = " ".join(words)
+            encoded = self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.decode(encoded[:n])
+
+
+def load_tokenizer(path: str):
+    """A Hugging Face ``tokenizers`` tokenizer from a local file or directory (no download)."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise SpecError(
+            "dataset.tokenizer needs the 'tokenizers' package (pip install tokenizers)"
+        ) from None
+    file = Path(path)
+    if file.is_dir():
+        file = file / "tokenizer.json"
+    if not file.is_file():
+        raise SpecError(f"dataset.tokenizer: no tokenizer.json at {path!r}")
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as exc:  # noqa: BLE001 - the library raises plain Exception
+        raise SpecError(f"dataset.tokenizer: cannot load {file}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)

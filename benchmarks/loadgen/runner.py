@@ -206,7 +206,7 @@ class LoadRun:
             await asyncio.sleep(0.25)
 
     async def _tokens_per_word(self, client: httpx.AsyncClient) -> float:
-        if self.spec.dataset.prompt_format != "text":
+        if self.spec.dataset.prompt_format != "text" or self.spec.dataset.tokenizer:
             return 1.0
         sample = " ".join(["alpha bravo charlie delta echo"] * 40)
         try:

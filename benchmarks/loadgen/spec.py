@@ -105,6 +105,8 @@ class Dataset:
     prefix_groups: int = 1  # distinct shared prompts
     prefix_share: float = 1.0  # share of requests that use one (when prefix_len > 0)
     prompt_format: Literal["token_ids", "text"] = "token_ids"
+    # A local tokenizer (a directory with tokenizer.json, or the file) makes text prompts exact.
+    tokenizer: str | None = None
 
     def validate(self) -> None:
         self.input_len.validate("input_len")

@@ -216,3 +216,53 @@ def test_cli_reports_bad_input(capsys):
         )
         == 1
     )
+
+
+def test_local_tokenizer_gives_exact_text_lengths(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from benchmarks.loadgen.dataset import WORDS, PromptFactory
+
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(WORDS)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    dataset = Dataset(
+        LengthDist("uniform", low=5, high=300),
+        LengthDist("fixed", 4),
+        prompt_format="text",
+        tokenizer=str(tmp_path),
+    )
+    factory = PromptFactory(dataset, seed=1)
+    for i in range(50):
+        prompt = factory.make(i)
+        assert len(tokenizer.encode(prompt.payload).ids) == prompt.input_len
+
+
+def test_missing_tokenizer_is_a_clear_error(tmp_path):
+    from benchmarks.loadgen.dataset import PromptFactory
+
+    with pytest.raises(ValueError, match="no tokenizer.json"):
+        PromptFactory(Dataset(prompt_format="text", tokenizer=str(tmp_path)), seed=0)
+
+
+def test_histogram_flag():
+    args = build_parser().parse_args(["--model", "m", "--input-hist", "100:3,1000:1"])
+    assert spec_from_args(args).dataset.input_len.values == ((100, 3.0), (1000, 1.0))
+
+
+def test_server_going_away_mid_run_counts_connection_errors(fixed_server):
+    import threading
+
+    server = fixed_server(ttft_ms=5, itl_ms=5)
+    spec = LoadSpec(
+        base_url=server.url,
+        model="fixed-latency",
+        scrape_metrics=False,
+        dataset=Dataset(LengthDist("fixed", 4), LengthDist("fixed", 10)),
+        stages=(Stage("s", concurrency=4, num_requests=300),),
+    )
+    threading.Timer(0.8, server.stop).start()
+    result = run(spec).to_dict()
+    assert result["completed"] > 0 and result["errors_by_class"].get("connection", 0) > 0
+    assert result["completed"] + result["failed"] == 300
