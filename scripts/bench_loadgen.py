@@ -37,11 +37,11 @@ async def vllm_style_client(url: str, model: str, offsets: list[float], tokens: 
     chunks."""
     import aiohttp
 
-    ttfts, itls, chunks = [], [], 0
+    ttfts, itls, chunks, by_id = [], [], 0, {}
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     timeout = aiohttp.ClientTimeout(total=6 * 60 * 60)
 
-    async def one(delay: float):
+    async def one(index: int, delay: float):
         nonlocal chunks
         await asyncio.sleep(delay)
         body = {
@@ -55,7 +55,9 @@ async def vllm_style_client(url: str, model: str, offsets: list[float], tokens: 
         st = time.perf_counter()
         most_recent = st
         ttft = 0.0
-        async with session.post(url, json=body) as response:
+        async with session.post(
+            url, json=body, headers={"X-Request-Id": f"aiohttp-{index}"}
+        ) as response:
             async for raw in response.content:
                 line = raw.strip()
                 if not line:
@@ -70,19 +72,31 @@ async def vllm_style_client(url: str, model: str, offsets: list[float], tokens: 
                     if ttft == 0.0:
                         ttft = timestamp - st
                         ttfts.append(ttft)
+                        by_id[f"aiohttp-{index}"] = ttft
                     else:
                         itls.append(timestamp - most_recent)
                     most_recent = timestamp
 
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         start = time.perf_counter()
-        await asyncio.gather(*(one(d) for d in offsets))
+        await asyncio.gather(*(one(i, d) for i, d in enumerate(offsets)))
         elapsed = time.perf_counter() - start
     return {
         "ttft": sorted(t * 1000 for t in ttfts),
         "itl": sorted(t * 1000 for t in itls),
         "chunks_per_s": chunks / elapsed,
+        "by_id": by_id,
     }
+
+
+def client_error(measured: dict[str, float], actual: dict[str, float]) -> str:
+    """Per request: measured TTFT minus the TTFT the server actually produced (its own
+    lateness taken out), in ms."""
+    errors = sorted((measured[k] - actual[k]) * 1000 for k in measured if k in actual)
+    return (
+        f"client-only TTFT error p50 {percentile(errors, 50):5.2f} ms, p99 "
+        f"{percentile(errors, 99):5.2f} ms over {len(errors)} requests"
+    )
 
 
 def report(name: str, ttft: list[float], itl: list[float], chunks_per_s: float, args) -> None:
@@ -133,12 +147,19 @@ def main() -> None:
             model="fixed-latency",
             scrape_metrics=False,
             warmup_requests=32,
+            record_requests=True,
             stages=(
                 Stage("bench", concurrency=None, request_rate=rate, num_requests=args.requests),
             ),
             dataset=Dataset(LengthDist("fixed", 16), LengthDist("fixed", args.tokens)),
         )
-        result = run(spec).to_dict()
+        outcome = run(spec)
+        result = outcome.to_dict()
+        ours_by_id = {
+            f"loadgen-{r['index']}": r["first_token"] - r["sent"]
+            for r in outcome.records
+            if r["first_token"] is not None and not r["warmup"]
+        }
         server_side = json.loads(urllib.request.urlopen(base + "/stats").read())  # noqa: S310
         print(
             f"load: {rate:.0f} req/s Poisson, ~{args.streams} streams in flight, "
@@ -160,6 +181,7 @@ def main() -> None:
             f"{server_side['first_token_late_p50_ms']:.2f} ms, p99 "
             f"{server_side['first_token_late_p99_ms']:.2f} ms)"
         )
+        print(f"{'':<30} {client_error(ours_by_id, server_side['actual_ttft_s'])}")
         offsets = open_loop_offsets(args.requests, rate, 1.0, random.Random(0))
         theirs = asyncio.run(
             vllm_style_client(base + "/v1/completions", "fixed-latency", offsets, args.tokens)
@@ -171,6 +193,8 @@ def main() -> None:
             theirs["chunks_per_s"],
             args,
         )
+        server_side = json.loads(urllib.request.urlopen(base + "/stats").read())  # noqa: S310
+        print(f"{'':<30} {client_error(theirs['by_id'], server_side['actual_ttft_s'])}")
     finally:
         server.terminate()
         server.wait(10)

@@ -269,7 +269,16 @@ class LoadRun:
     async def _send(self, record: RequestRecord, body: dict) -> None:
         self.in_flight.add(record)
         try:
-            await send(self.client, self.url, body, record, {}, self.epoch)
+            # The index as a request id lets a server's logs (or our test server) be joined
+            # with the per-request records.
+            await send(
+                self.client,
+                self.url,
+                body,
+                record,
+                {"X-Request-Id": f"loadgen-{record.index}"},
+                self.epoch,
+            )
         finally:
             self.in_flight.discard(record)
             self._finished_chunks += len(record.chunk_times)

@@ -33,6 +33,8 @@ class FixedLatencyServer:
         self.requests = 0
         self._framed: dict = {}
         self.lateness: list[float] = []
+        self.actual_ttft: dict[str, float] = {}  # request id → first token sent - arrival
+        self.request_id: str | None = None
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -47,6 +49,7 @@ class FixedLatencyServer:
                 }
                 length = int(headers.get("content-length", 0))
                 body = await reader.readexactly(length) if length else b""
+                self.request_id = headers.get("x-request-id")
                 if not await self.route(method, path, body, writer, arrived):
                     break
                 if headers.get("connection", "").lower() == "close":
@@ -71,6 +74,7 @@ class FixedLatencyServer:
                 "requests": self.requests,
                 "first_token_late_p50_ms": pick(0.5),
                 "first_token_late_p99_ms": pick(0.99),
+                "actual_ttft_s": self.actual_ttft,
             }
             return self.reply(writer, 200, json.dumps(data).encode(), "application/json")
         if method == "GET" and path == "/v1/models":
@@ -126,6 +130,7 @@ class FixedLatencyServer:
 
     async def stream(self, writer, request: dict, chat: bool, arrived: float) -> bool:
         loop = asyncio.get_running_loop()
+        request_id = self.request_id
         tokens = int(request.get("max_tokens") or 16)
         if self.mode == "json":
             return self.reply(writer, 200, b'{"choices": []}', "application/json")
@@ -149,7 +154,10 @@ class FixedLatencyServer:
             writer.write(last_chunk if k == tokens - 1 else chunk)
             if k == 0:
                 # How late the server itself sent the first token: not the client's error.
-                self.lateness.append(loop.time() - (arrived + self.ttft))
+                now = loop.time()
+                self.lateness.append(now - (arrived + self.ttft))
+                if request_id:
+                    self.actual_ttft[request_id] = now - arrived
             if self.mode == "close" and k == 1:
                 writer.close()
                 return False
