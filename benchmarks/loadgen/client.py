@@ -86,7 +86,8 @@ async def send(
                 )
             buffer = b""
             done = False
-            async for raw in response.aiter_raw():
+            # The transport's own stream, not aiter_raw(): one wrapper generator less per chunk.
+            async for raw in response.stream:
                 now = CLOCK() - epoch
                 buffer += raw
                 while True:
