@@ -98,7 +98,7 @@ class LoadRun:
         self.cancelled = False
         self.stopped_early: str | None = None
         self.notes: list[str] = []
-        self._stop = asyncio.Event() if _in_loop() else None
+        self._stop: asyncio.Event | None = None  # made on the run's own loop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task] = set()
         self._next_index = shard[0]
@@ -130,7 +130,7 @@ class LoadRun:
 
     @property
     def stopping(self) -> bool:
-        return self._stop.is_set()
+        return self._stop is not None and self._stop.is_set()
 
     # --- the run --------------------------------------------------------------------------
     async def execute(self) -> Result:
@@ -440,14 +440,6 @@ class LoadRun:
             records=[r.to_dict() for r in self.records] if self.spec.record_requests else None,
             notes=self.notes,
         )
-
-
-def _in_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-        return True
-    except RuntimeError:
-        return False
 
 
 async def arun(spec: LoadSpec, on_progress=None) -> Result:
