@@ -110,8 +110,15 @@ class FixedLatencyServer:
                 choice["finish_reason"] = reason
                 event = (
                     b"data: "
-                    + json.dumps(
-                        {"id": "x", "object": kind, "model": self.model, "choices": [choice]}
+                    + json.dumps(  # compact, as vLLM's pydantic serialiser writes it
+                        {
+                            "id": "x",
+                            "object": kind,
+                            "model": self.model,
+                            "choices": [choice],
+                            "usage": None,
+                        },
+                        separators=(",", ":"),
                     ).encode()
                     + b"\n\n"
                 )
