@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import socket
 import subprocess
@@ -137,6 +138,11 @@ def main() -> None:
         text=True,
     )
     server.stdout.readline()  # "listening on ..."
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= 2:
+        # One core each: the server's work never preempts the client's measuring loop.
+        os.sched_setaffinity(server.pid, {cpus[0]})
+        os.sched_setaffinity(0, set(cpus[1:]))
     base = f"http://127.0.0.1:{port}"
     # Open loop sized so that about --streams requests are in flight.
     per_request = (args.ttft_ms + args.itl_ms * (args.tokens - 1)) / 1000
