@@ -98,7 +98,14 @@ async def send(
                     if cut < 0:
                         break
                     event, buffer = buffer[:cut], buffer[cut + 2 :]
-                    for line in event.replace(b"\r", b"").split(b"\n"):
+                    # One "data:" line per event is the norm: no list allocated for it (fewer
+                    # GC-tracked objects per chunk means shorter, rarer GC pauses).
+                    lines = (
+                        (event,)
+                        if b"\n" not in event and b"\r" not in event
+                        else event.replace(b"\r", b"").split(b"\n")
+                    )
+                    for line in lines:
                         if not line.startswith(b"data:"):
                             continue
                         data = line[5:].strip()

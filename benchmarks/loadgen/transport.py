@@ -45,7 +45,7 @@ class _Connection:
     def reset(self) -> None:
         self.parser = httptools.HttpResponseParser(self)
         self.headers: list[tuple[bytes, bytes]] = []
-        self.body: list[bytes] = []
+        self.body = bytearray()  # not GC-tracked, unlike a list of chunks
         self.headers_done = False
         self.complete = False
         self.keep_alive = True
@@ -59,7 +59,7 @@ class _Connection:
         self.keep_alive = self.parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
-        self.body.append(body)
+        self.body += body
 
     def on_message_complete(self) -> None:
         self.complete = True
@@ -102,9 +102,9 @@ class _Body(httpx.AsyncByteStream):
         conn = self.conn
         while True:
             if conn.body:
-                chunks, conn.body = conn.body, []
-                for chunk in chunks:
-                    yield chunk
+                data = bytes(conn.body)
+                conn.body.clear()
+                yield data
             if conn.complete:
                 self._release(reuse=conn.keep_alive)
                 return
