@@ -11,12 +11,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import random
 import resource
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -51,32 +48,26 @@ def virtual(requests: int) -> None:
     )
 
 
-async def client(port: int, streams: int, tokens: int) -> dict:
-    from hosts.simulator.probe import stream_completion
+def client(port: int, streams: int, tokens: int) -> dict:
+    """All streams at once, measured by the panel's own load generator."""
+    from benchmarks.loadgen import Dataset, LengthDist, LoadSpec, Stage, run
 
-    rng = random.Random(0)
-    bodies = [
-        {
-            "model": MODEL,
-            "prompt": [rng.randrange(1000, 100000) for _ in range(256)],
-            "max_tokens": tokens,
-            "ignore_eos": True,
-        }
-        for _ in range(streams)
-    ]
-    start = time.perf_counter()
-    results = await asyncio.gather(*(stream_completion("127.0.0.1", port, b) for b in bodies))
-    elapsed = time.perf_counter() - start
-    ok = [r for r in results if r.ok and r.completion_tokens == tokens]
-    itls = [x for r in ok for x in r.itls]
+    spec = LoadSpec(
+        base_url=f"http://127.0.0.1:{port}",
+        model=MODEL,
+        scrape_metrics=False,
+        dataset=Dataset(LengthDist("fixed", 256), LengthDist("fixed", tokens)),
+        stages=(Stage("burst", concurrency=None, request_rate=float("inf"), num_requests=streams),),
+    )
+    result = run(spec).to_dict()
     return {
         "streams": streams,
-        "completed": len(ok),
-        "elapsed_s": elapsed,
-        "output_tok_per_s": sum(r.completion_tokens for r in ok) / elapsed,
-        "ttft_p50_ms": statistics.median(r.ttft for r in ok) * 1000 if ok else None,
-        "itl_p50_ms": statistics.median(itls) * 1000 if itls else None,
-        "errors": sorted({r.error for r in results if not r.ok})[:3],
+        "completed": result["completed"],
+        "elapsed_s": result["duration"],
+        "output_tok_per_s": result["output_throughput"],
+        "ttft_p50_ms": result["median_ttft_ms"],
+        "itl_p50_ms": result["median_itl_ms"],
+        "errors": sorted(result["errors_by_class"]),
     }
 
 
@@ -180,7 +171,7 @@ def main() -> None:
     parser.add_argument("--port", type=int)
     args = parser.parse_args()
     if args.mode == "client":
-        print(json.dumps(asyncio.run(client(args.port, args.streams, args.tokens))))
+        print(json.dumps(client(args.port, args.streams, args.tokens)))
         return
     if args.mode in ("all", "virtual"):
         virtual(args.requests)

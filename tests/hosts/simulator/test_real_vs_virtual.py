@@ -1,54 +1,35 @@
 """Real time and virtual time run the same scheduler: a load test against the running server
 and predict() for the same workload agree within 10 %."""
 
-import asyncio
-import random
-import statistics
-
+from benchmarks.loadgen import Dataset, LengthDist, LoadSpec, Stage, run
 from hosts.simulator.predict import Workload, predict
-from hosts.simulator.probe import stream_completion
 from tests.hosts.simulator.conftest import LLAMA
 
 WORKLOAD = Workload(num_requests=24, input_tokens=512, output_tokens=32, concurrency=8)
-ARGS = {"max_model_len": 4096}
-
-
-async def closed_loop(port: int, workload: Workload):
-    rng = random.Random(1)
-    prompts = [
-        [rng.randrange(1000, 100000) for _ in range(workload.input_tokens)]
-        for _ in range(workload.num_requests)
-    ]
-    queue = list(range(workload.num_requests))
-    results = []
-
-    async def worker():
-        while queue:
-            i = queue.pop(0)
-            body = {
-                "model": LLAMA,
-                "prompt": prompts[i],
-                "max_tokens": workload.output_tokens,
-                "ignore_eos": True,
-            }
-            results.append(await stream_completion("127.0.0.1", port, body))
-
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    await asyncio.gather(*(worker() for _ in range(workload.concurrency)))
-    return results, loop.time() - start
 
 
 def test_real_time_server_matches_prediction(sim_server):
     server = sim_server("vllm", "--gpu", "l4", "--max-model-len", "4096")
-    results, elapsed = asyncio.run(closed_loop(server.port, WORKLOAD))
-    assert all(r.ok and r.completion_tokens == WORKLOAD.output_tokens for r in results)
+    spec = LoadSpec(
+        base_url=server.url,
+        model=LLAMA,
+        scrape_metrics=False,
+        dataset=Dataset(
+            LengthDist("fixed", WORKLOAD.input_tokens), LengthDist("fixed", WORKLOAD.output_tokens)
+        ),
+        stages=(
+            Stage("closed", concurrency=WORKLOAD.concurrency, num_requests=WORKLOAD.num_requests),
+        ),
+    )
+    result = run(spec).to_dict()
+    assert result["completed"] == WORKLOAD.num_requests
+    assert result["total_output_tokens"] == WORKLOAD.num_requests * WORKLOAD.output_tokens
     measured = {
-        "ttft": statistics.mean(r.ttft for r in results) * 1000,
-        "itl": statistics.mean(x for r in results for x in r.itls) * 1000,
-        "throughput": sum(r.completion_tokens for r in results) / elapsed,
+        "ttft": result["mean_ttft_ms"],
+        "itl": result["mean_itl_ms"],
+        "throughput": result["output_throughput"],
     }
-    predicted = predict("vllm", LLAMA, ARGS, "l4", WORKLOAD)
+    predicted = predict("vllm", LLAMA, {"max_model_len": 4096}, "l4", WORKLOAD)
     expected = {
         "ttft": predicted["ttft_ms"]["mean"],
         "itl": predicted["itl_ms"]["mean"],
