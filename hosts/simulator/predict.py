@@ -58,7 +58,11 @@ def prompt_block_hashes(
 
 def arrival_times(workload: Workload, rng: random.Random) -> list[float]:
     """Open-loop arrival offsets: gamma gaps rescaled so that N requests span N / rate seconds
-    exactly (vLLM's fix for rate drift), as absolute offsets from the start."""
+    exactly (vLLM's fix for rate drift), as absolute offsets from the start.
+
+    The same algorithm as ``benchmarks.loadgen.arrivals.open_loop_offsets``, kept apart
+    because hosts may not import benchmarks (apps layer upward only); keep them in step.
+    """
     n, rate = workload.num_requests, workload.request_rate
     if rate is None or math.isinf(rate):
         return [0.0] * n
