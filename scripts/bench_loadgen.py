@@ -188,6 +188,13 @@ def main() -> None:
             f"{server_side['first_token_late_p99_ms']:.2f} ms)"
         )
         print(f"{'':<30} {client_error(ours_by_id, server_side['actual_ttft_s'])}")
+        late = sorted(
+            (r["sent"] - r["scheduled"]) * 1000 for r in outcome.records if not r["warmup"]
+        )
+        print(
+            f"{'':<30} timestamps: {result['timestamps']}; client-side queueing (scheduled "
+            f"→ sent) p50 {percentile(late, 50):.2f} ms, p99 {percentile(late, 99):.2f} ms"
+        )
         offsets = open_loop_offsets(args.requests, rate, 1.0, random.Random(0))
         theirs = asyncio.run(
             vllm_style_client(base + "/v1/completions", "fixed-latency", offsets, args.tokens)

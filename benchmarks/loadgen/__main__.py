@@ -236,6 +236,7 @@ def print_summary(data: dict) -> None:
         ("Mean / p99 ITL (ms)", f"{data['mean_itl_ms']:.2f} / {data['p99_itl_ms']:.2f}"),
         ("Mean client queue (ms)", f"{data['mean_client_queue_ms']:.2f}"),
         ("Token counts from", data["token_count_source"]),
+        ("Timestamps from", data.get("timestamps", "read")),
     ]
     if "request_goodput" in data:
         rows.append(("Request goodput (req/s)", f"{data['request_goodput']:.2f}"))

@@ -1,23 +1,24 @@
 """One streaming request, timed where the bytes arrive.
 
-Timestamps come from ``time.perf_counter()`` taken as each raw chunk is read from the socket,
-before any JSON parsing, so parsing cost never lands in TTFT or ITL. SSE events are split on
-blank lines as bytes; a read holding several events gives them the same arrival time (they did
-arrive together).
+Timestamps are on the ``time.perf_counter()`` clock and belong to the bytes, not to the moment
+this code sees them: the transport stamps each read with the kernel's receive time (see
+transport.py), so JSON parsing, a busy event loop or a GC pause never land in TTFT or ITL. SSE
+events are split on blank lines as bytes; a read holding several events gives them the same
+arrival time (they did arrive together). Over HTTPS the stamp is taken as the read is seen.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
-import time
 
 import httpx
 
 from benchmarks.loadgen.dataset import Prompt
 from benchmarks.loadgen.stats import RequestRecord
+from benchmarks.loadgen.transport import CLOCK, FastTransport
 
-CLOCK = time.perf_counter
 TEXT_FIELD = re.compile(rb'"(?:text|content)":\s*"(?!")')  # a non-empty text or content
 USAGE_OBJECT = re.compile(rb'"usage":\s*\{')
 
@@ -89,9 +90,16 @@ async def send(
                 )
             buffer = b""
             done = False
-            # The transport's own stream, not aiter_raw(): one wrapper generator less per chunk.
-            async for raw in response.stream:
-                now = CLOCK() - epoch
+            # The transport's own body stream, not aiter_raw(): its reads carry arrival stamps,
+            # and there is one wrapper generator less per chunk.
+            stream = response.extensions.get("loadgen.body")
+            stamped = stream is not None
+            if not stamped:
+                stream = response.stream
+            last = math.nan
+            async for raw in stream:
+                now = (stream.arrived if stamped else CLOCK()) - epoch
+                last = now
                 buffer += raw
                 while True:
                     cut = buffer.find(b"\n\n")
@@ -140,7 +148,8 @@ async def send(
                             record.output_tokens = usage.get("completion_tokens") or 0
                             record.prompt_tokens = usage.get("prompt_tokens")
                             record.token_source = "usage"
-            record.end = CLOCK() - epoch
+            # The end of the request is when its last bytes arrived.
+            record.end = last if stamped and last == last else CLOCK() - epoch
             if not done:
                 raise MalformedStream("the stream ended without data: [DONE]")
             if record.token_source != "usage":
@@ -166,13 +175,13 @@ async def send(
     return record
 
 
-def make_client(timeout: float, api_key: str | None) -> httpx.AsyncClient:
+def make_client(
+    timeout: float, api_key: str | None, transport: FastTransport | None = None
+) -> httpx.AsyncClient:
     """The run's one client: httpx's API over the fast transport (see transport.py)."""
-    from benchmarks.loadgen.transport import FastTransport
-
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     return httpx.AsyncClient(
-        transport=FastTransport(),
+        transport=transport or FastTransport(),
         headers=headers,
         timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
     )

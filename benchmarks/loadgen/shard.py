@@ -111,6 +111,7 @@ def _worker(spec: LoadSpec, shard: tuple[int, int], out, cancel) -> None:
                 "records": result.records,
                 "server": result.server,
                 "notes": result.notes,
+                "timestamps": result.summary["timestamps"],
                 "cancelled": result.cancelled,
                 "stopped_early": result.stopped_early,
             },
@@ -218,6 +219,8 @@ class ShardedRun:
         summary["cancelled_requests"] = len(records) - len(kept)
         summary["warmup_requests"] = sum(1 for r in records if r.warmup)
         summary["workers"] = k
+        sources = {p["timestamps"] for p in done.values()}
+        summary["timestamps"] = "kernel" if sources == {"kernel"} else "read"
         first = done[min(done)]
         return Result(
             spec=self.spec.to_dict(),

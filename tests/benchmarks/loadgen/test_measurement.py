@@ -2,7 +2,9 @@
 
 import asyncio
 import json
+import sys
 import threading
+import time
 
 import pytest
 
@@ -42,6 +44,43 @@ def test_ttft_and_itl_match_what_the_server_injects(fixed_server):
     assert abs(result["mean_tpot_ms"] - 8) < 1
     assert result["token_count_source"] == "usage" and result["total_output_tokens"] == 200
     assert result["max_concurrent_requests"] == 4
+    assert result["timestamps"] == ("kernel" if sys.platform == "linux" else "read")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="kernel receive stamps are Linux's")
+def test_a_blocked_client_loop_does_not_land_in_ttft(fixed_server):
+    """The stamps belong to the bytes: the event loop is stuck from 10 to 60 ms while the
+    first token (due at 40 ms) arrives, and TTFT is still measured as 40 ms, not 60."""
+    from benchmarks.loadgen.client import make_client, request_body, send
+    from benchmarks.loadgen.dataset import Prompt
+    from benchmarks.loadgen.stats import RequestRecord
+    from benchmarks.loadgen.transport import CLOCK, FastTransport
+
+    server = fixed_server(ttft_ms=40, itl_ms=30)
+
+    async def main():
+        transport = FastTransport()
+        async with make_client(10.0, None, transport) as client:
+            body = request_body("/v1/completions", MODEL, Prompt([1] * 8, 8, 3, None), False)
+            record = RequestRecord(0, "s", False, 8, 3, scheduled=0.0)
+            epoch = CLOCK()
+            task = asyncio.create_task(
+                send(client, server.url + "/v1/completions", body, record, {}, epoch)
+            )
+            while record.status is None:  # until the response head is back
+                await asyncio.sleep(0.001)
+            stuck_until = record.sent + 0.06
+            time.sleep(stuck_until - (CLOCK() - epoch))  # no Python code reads the socket
+            await task
+            return record, transport.stamp_source
+
+    record, source = asyncio.run(main())
+    assert record.error_class is None, record.error
+    assert source == "kernel"
+    ttft_ms = (record.first_token - record.sent) * 1000
+    assert 39 < ttft_ms < 45, ttft_ms
+    itls = [b - a for a, b in zip(record.chunk_times, record.chunk_times[1:], strict=False)]
+    assert all(0.028 < g < 0.035 for g in itls), itls
 
 
 def test_open_loop_rate_is_accurate(fixed_server):

@@ -1,6 +1,7 @@
 """Sharing a load across client processes gives the same load, merged on one time base."""
 
 import math
+import sys
 
 from benchmarks.loadgen import Dataset, LengthDist, LoadSpec, Stage, run
 from benchmarks.loadgen.__main__ import main as cli
@@ -51,6 +52,7 @@ def test_two_workers_merge_into_one_result(fixed_server):
     assert data["workers"] == 2 and data["completed"] == 630 and data["warmup_requests"] == 4
     assert {k: v["completed"] for k, v in data["stages"].items()} == {"closed": 30, "open": 600}
     assert abs(data["median_ttft_ms"] - 20) < 3
+    assert data["timestamps"] == ("kernel" if sys.platform == "linux" else "read")
     indices = [r["index"] for r in result.records]
     assert len(indices) == len(set(indices)) == 634
     # One time base: the two workers' open-loop arrivals interleave into one 200 req/s stream.
