@@ -1,0 +1,2 @@
+"""How the panel reaches a host: ``Transport`` (base.py) with an agent client (agent.py) and
+an SSH implementation (ssh.py)."""
