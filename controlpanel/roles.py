@@ -26,7 +26,8 @@ class Role:
 VIEWER = Role("Viewer", "Sees the fleet, benchmarks, changes, costs and the audit log.", ("view",))
 OPERATOR = Role(
     "Operator",
-    "Viewer, plus manages hosts and deployments, runs checks and benchmarks, proposes changes.",
+    "Viewer, plus manages hosts and deployments, runs checks, restarts engines, runs "
+    "benchmarks, proposes changes.",
     ("view",),
     extra=(
         ("hosts", "add_host"),
@@ -37,6 +38,7 @@ OPERATOR = Role(
         ("hosts", "change_deployment"),
         ("hosts", "add_engineconfig"),
         ("hosts", "add_hostcheck"),
+        ("hosts", "add_engineoperation"),
         ("benchmarks", "add_loadprofile"),
         ("benchmarks", "change_loadprofile"),
         ("benchmarks", "add_benchmarkrun"),
@@ -53,9 +55,10 @@ APPROVER = Role(
 )
 ADMIN = Role(
     "Admin",
-    "Everything, including deleting objects and managing users and roles.",
+    "Everything, including deleting objects, accepting SSH host keys and managing users.",
     ("view", "add", "change", "delete"),
     extra=APPROVER.extra
+    + (("hosts", "accept_host_key"),)
     + tuple(
         ("auth", f"{verb}_{model}")
         for verb in ("view", "add", "change", "delete")

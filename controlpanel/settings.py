@@ -95,6 +95,14 @@ def _read():
         "HOST_CHECK_TIMEOUT": env_float("HOST_CHECK_TIMEOUT_SECONDS", 3.0, minimum=0.1),
         "HOST_CHECK_RETENTION_DAYS": env_int("HOST_CHECK_RETENTION_DAYS", 7, minimum=1),
         "CURRENCY": env_str("PANEL_CURRENCY", "USD"),
+        "ENCRYPTION_KEYS": [
+            k.strip() for k in (env_secret("PANEL_ENCRYPTION_KEY") or "").split(",") if k.strip()
+        ],
+        "TELEMETRY_INTERVAL": env_float("TELEMETRY_INTERVAL_SECONDS", 1.0, minimum=0),
+        "TELEMETRY_RAW_MINUTES": env_int("TELEMETRY_RAW_RETENTION_MINUTES", 60, minimum=1),
+        "TELEMETRY_MINUTE_DAYS": env_int("TELEMETRY_MINUTE_RETENTION_DAYS", 30, minimum=1),
+        "TRANSPORT_TIMEOUT": env_float("TRANSPORT_TIMEOUT_SECONDS", 5.0, minimum=0.1),
+        "ENGINE_READY_TIMEOUT": env_float("ENGINE_READY_TIMEOUT_SECONDS", 600.0, minimum=1),
     }
 
 
@@ -250,6 +258,25 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 PANEL_CURRENCY = _env["CURRENCY"]
+PANEL_ENCRYPTION_KEYS = _env["ENCRYPTION_KEYS"]
+
+# --- Reaching hosts ------------------------------------------------------------------------
+TELEMETRY_INTERVAL = _env["TELEMETRY_INTERVAL"]
+TELEMETRY_RAW_RETENTION_MINUTES = _env["TELEMETRY_RAW_MINUTES"]
+TELEMETRY_MINUTE_RETENTION_DAYS = _env["TELEMETRY_MINUTE_DAYS"]
+TRANSPORT_TIMEOUT = _env["TRANSPORT_TIMEOUT"]
+ENGINE_READY_TIMEOUT = _env["ENGINE_READY_TIMEOUT"]
+if TELEMETRY_INTERVAL > 0:
+    CELERY_BEAT_SCHEDULE["poll-telemetry"] = {
+        "task": "hosts.tasks.poll_telemetry",
+        "schedule": TELEMETRY_INTERVAL,
+        # A poll that could not start in time is stale: the next one is already due.
+        "options": {"expires": max(TELEMETRY_INTERVAL * 2, 2.0)},
+    }
+CELERY_BEAT_SCHEDULE["downsample-telemetry"] = {
+    "task": "hosts.tasks.downsample_telemetry",
+    "schedule": 60.0,
+}
 
 LOGGING = {
     "version": 1,

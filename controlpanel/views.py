@@ -21,16 +21,27 @@ def dashboard(request):
     gpu_memory = dict(
         Gpu.objects.values_list("host__name").annotate(total=Sum("memory_bytes")).order_by()
     )
+    used = {}
+    for name, sample in Gpu.objects.values_list("host__name", "last_sample"):
+        used[name] = used.get(name, 0) + ((sample or {}).get("memory_used_bytes") or 0)
+    names = [h.name for h in hosts]
     chart = {
         "data": [
             {
                 "type": "bar",
-                "x": [h.name for h in hosts],
-                "y": [round(gpu_memory.get(h.name, 0) / 2**30, 1) for h in hosts],
-                "name": "GPU memory (GiB)",
-            }
+                "x": names,
+                "y": [round(used.get(n, 0) / 2**30, 1) for n in names],
+                "name": "in use",
+            },
+            {
+                "type": "bar",
+                "x": names,
+                "y": [round((gpu_memory.get(n, 0) - used.get(n, 0)) / 2**30, 1) for n in names],
+                "name": "free",
+            },
         ],
         "layout": {
+            "barmode": "stack",
             "margin": {"t": 10, "b": 40, "l": 50, "r": 10},
             "height": 240,
             "yaxis": {"title": {"text": "GPU memory (GiB)"}},

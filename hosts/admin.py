@@ -1,19 +1,29 @@
 from django.contrib import admin
 
-from hosts.models import Deployment, EngineConfig, Gpu, Host, HostCheck
+from hosts.models import Deployment, EngineConfig, EngineOperation, Gpu, Host, HostCheck
 
 
 class GpuInline(admin.TabularInline):
     model = Gpu
     extra = 0
+    exclude = ["last_sample"]
 
 
 @admin.register(Host)
 class HostAdmin(admin.ModelAdmin):
-    list_display = ["name", "address", "transport", "port", "hourly_price"]
+    list_display = ["name", "address", "transport", "port", "status", "hourly_price"]
     search_fields = ["name", "address"]
-    list_filter = ["transport"]
+    list_filter = ["transport", "status"]
     inlines = [GpuInline]
+    # Secrets are set through the panel's host form (write-only) and never shown here; the
+    # host key is accepted through the panel's "accept" action, which audits it.
+    exclude = [
+        "agent_token",
+        "ssh_private_key",
+        "ssh_key_passphrase",
+        "ssh_host_key_fingerprint",
+        "host_readings",
+    ]
 
 
 @admin.register(Gpu)
@@ -41,3 +51,12 @@ class EngineConfigAdmin(admin.ModelAdmin):
 class HostCheckAdmin(admin.ModelAdmin):
     list_display = ["host", "status", "reachable", "latency_ms", "created_at"]
     list_filter = ["status", "reachable"]
+
+
+@admin.register(EngineOperation)
+class EngineOperationAdmin(admin.ModelAdmin):
+    list_display = ["deployment", "kind", "status", "outcome", "created_at"]
+    list_filter = ["kind", "status", "outcome"]
+
+    def has_change_permission(self, request, obj=None):
+        return False  # a record of what happened

@@ -1,4 +1,4 @@
-"""Live events of one host: its checks now, its telemetry later."""
+"""Live events of one host: telemetry, its status, deployments, operations and checks."""
 
 from controlpanel.consumers import ObjectConsumer
 from hosts.models import Host
@@ -10,4 +10,16 @@ class HostConsumer(ObjectConsumer):
     permission = "hosts.view_host"
 
     async def check_updated(self, message):
+        await self.forward(message)
+
+    async def telemetry(self, message):
+        await self.forward(message)
+
+    async def host_status(self, message):
+        await self.forward(message)
+
+    async def deployment_updated(self, message):
+        await self.forward(message)
+
+    async def operation_updated(self, message):
         await self.forward(message)

@@ -7,18 +7,44 @@ from decimal import Decimal
 
 from django.conf import settings as conf
 from django.core.exceptions import ValidationError
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models, transaction
 from django.db.models import Max
 from django.urls import reverse
 from django.utils import timezone
 
+from controlpanel.choices import OperationStatus
+from controlpanel.crypto import EncryptedTextField
 from controlpanel.models import BackgroundOperation
-from hosts.choices import DeploymentStatus, EngineKind, TransportKind
+from hosts.choices import (
+    DeploymentStatus,
+    EngineKind,
+    HostStatus,
+    LaunchStyle,
+    OperationKind,
+    OperationOutcome,
+    Runner,
+    TransportKind,
+)
 
 LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
 HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9-]{1,63})*$")
 PORT_VALIDATORS = [MinValueValidator(1), MaxValueValidator(65535)]
+POSIX_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+FINGERPRINT = re.compile(r"^SHA256:[A-Za-z0-9+/]{43}$")
+# Becomes part of remote paths, unit and container names (hosts.transport.base.ENGINE_NAME).
+ENGINE_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+ACTIVE_STATUSES = [OperationStatus.QUEUED, OperationStatus.RUNNING]
+
+
+def validate_ssh_username(value: str) -> None:
+    if value and not POSIX_USER.match(value):
+        raise ValidationError(f"{value!r} is not a POSIX user name.")
+
+
+def validate_fingerprint(value: str) -> None:
+    if value and not FINGERPRINT.match(value):
+        raise ValidationError("A host key fingerprint looks like SHA256:<43 base64 characters>.")
 
 
 def validate_address(value: str) -> None:
@@ -69,17 +95,71 @@ class Host(models.Model):
         help_text="What the server costs per hour, in the panel's currency.",
     )
     description = models.TextField(blank=True)
+    # --- credentials (encrypted at rest; never shown again once saved) -------------------
+    agent_token = EncryptedTextField(blank=True, help_text="Bearer token of the host agent.")
+    agent_tls = models.BooleanField(default=False, help_text="The agent serves HTTPS.")
+    agent_ca_cert = models.TextField(
+        blank=True, help_text="PEM certificate(s) to verify the agent's TLS certificate."
+    )
+    ssh_username = models.CharField(max_length=32, blank=True, validators=[validate_ssh_username])
+    ssh_private_key = EncryptedTextField(
+        blank=True,
+        help_text="OpenSSH/PEM private key, or file:/path/to/key on the worker machines.",
+    )
+    ssh_key_passphrase = EncryptedTextField(blank=True)
+    ssh_host_key_fingerprint = models.CharField(
+        max_length=60,
+        blank=True,
+        validators=[validate_fingerprint],
+        help_text="The accepted host key (SHA256:…); any other key is refused.",
+    )
+    ssh_offered_fingerprint = models.CharField(
+        max_length=60,
+        blank=True,
+        help_text="The key the host presented at first contact (or when it changed).",
+    )
+    ssh_offered_key_type = models.CharField(max_length=40, blank=True)
+    # --- what the panel last learned ------------------------------------------------------
+    status = models.CharField(max_length=20, choices=HostStatus.choices, default=HostStatus.UNKNOWN)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    last_poll_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True)
+    agent_version = models.CharField(max_length=40, blank=True)
+    telemetry_source = models.CharField(max_length=20, blank=True)
+    telemetry_note = models.CharField(max_length=300, blank=True)
+    hostname = models.CharField(max_length=255, blank=True)
+    driver_version = models.CharField(max_length=40, blank=True)
+    cuda_version = models.CharField(max_length=40, blank=True)
+    cpu_count = models.PositiveIntegerField(null=True, blank=True)
+    cpu_model = models.CharField(max_length=200, blank=True)
+    memory_total_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    numa_nodes = models.JSONField(default=list, blank=True, help_text="[{node, cpus}]")
+    host_readings = models.JSONField(
+        default=dict, blank=True, help_text="Last CPU/load/memory reading of the host."
+    )
+    inventory_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["name"]
+        permissions = [("accept_host_key", "Can accept a host's SSH key")]
 
     def __str__(self) -> str:
         return self.name
 
     def get_absolute_url(self) -> str:
         return reverse("hosts:detail", args=[self.pk])
+
+    @property
+    def status_choice(self) -> HostStatus:
+        return HostStatus(self.status)
+
+    @property
+    def has_credentials(self) -> bool:
+        if self.transport == TransportKind.AGENT:
+            return bool(self.agent_token)
+        return bool(self.ssh_username and self.ssh_private_key)
 
     @property
     def label_text(self) -> str:
@@ -100,6 +180,12 @@ class Gpu(models.Model):
     numa_node = models.SmallIntegerField(
         null=True, blank=True, help_text="NUMA node the GPU hangs off; empty if unknown."
     )
+    cpu_affinity = models.CharField(
+        max_length=200, blank=True, help_text="CPUs close to the GPU, e.g. 0-15,32-47."
+    )
+    # The newest reading, kept on the row so lists need no query over the samples.
+    last_sample = models.JSONField(default=dict, blank=True)
+    last_sample_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["host", "index"]
@@ -114,12 +200,82 @@ class Gpu(models.Model):
     def memory_gib(self) -> float:
         return self.memory_bytes / 2**30
 
+    @property
+    def memory_used_gib(self) -> float | None:
+        used = self.last_sample.get("memory_used_bytes")
+        return None if used is None else used / 2**30
+
+    @property
+    def throttle_reasons(self) -> list[str]:
+        return [r for r in self.last_sample.get("throttle_reasons") or [] if r != "idle"]
+
+
+class GpuSample(models.Model):
+    """One telemetry reading of one GPU (about every second); kept for an hour, then folded
+    into ``GpuSampleMinute``."""
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="samples")
+    time = models.DateTimeField()
+    utilization_pct = models.FloatField(null=True)
+    memory_used_bytes = models.PositiveBigIntegerField(null=True)
+    power_w = models.FloatField(null=True)
+    power_limit_w = models.FloatField(null=True)
+    temperature_c = models.FloatField(null=True)
+    sm_clock_mhz = models.PositiveIntegerField(null=True)
+    mem_clock_mhz = models.PositiveIntegerField(null=True)
+    clocks_event_reasons = models.BigIntegerField(null=True)
+    pcie_tx_kbps = models.FloatField(null=True)
+    pcie_rx_kbps = models.FloatField(null=True)
+
+    class Meta:
+        ordering = ["gpu", "time"]
+        indexes = [models.Index(fields=["gpu", "time"]), models.Index(fields=["time"])]
+
+    def __str__(self) -> str:
+        return f"{self.gpu} @ {self.time:%H:%M:%S}"
+
+
+class GpuSampleMinute(models.Model):
+    """One minute of a GPU's telemetry, aggregated from the 1-second samples; kept 30 days."""
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="minutes")
+    minute = models.DateTimeField()
+    samples = models.PositiveIntegerField()
+    utilization_avg = models.FloatField(null=True)
+    utilization_max = models.FloatField(null=True)
+    memory_used_max = models.PositiveBigIntegerField(null=True)
+    power_avg = models.FloatField(null=True)
+    power_max = models.FloatField(null=True)
+    temperature_max = models.FloatField(null=True)
+    sm_clock_avg = models.FloatField(null=True)
+    sm_clock_min = models.PositiveIntegerField(null=True)
+    throttled_samples = models.PositiveIntegerField(
+        default=0, help_text="Samples with a clock-event reason other than idle."
+    )
+
+    class Meta:
+        ordering = ["gpu", "minute"]
+        constraints = [
+            models.UniqueConstraint(fields=["gpu", "minute"], name="gpusampleminute_unique")
+        ]
+        indexes = [models.Index(fields=["minute"])]
+
+    def __str__(self) -> str:
+        return f"{self.gpu} @ {self.minute:%Y-%m-%d %H:%M}"
+
 
 class Deployment(models.Model):
     """An inference engine (vLLM or SGLang) serving one model on a host."""
 
     host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="deployments")
-    name = models.CharField(max_length=100)
+    name = models.CharField(
+        max_length=63,
+        validators=[
+            RegexValidator(
+                ENGINE_NAME, "Lower-case letters, digits and '-' (a unit/container name)."
+            )
+        ],
+    )
     engine = models.CharField(max_length=16, choices=EngineKind.choices)
     engine_version = models.CharField(max_length=40, help_text="e.g. 0.11.0")
     model = models.CharField(max_length=200, help_text="e.g. meta-llama/Llama-3.1-8B-Instruct")
@@ -136,6 +292,23 @@ class Deployment(models.Model):
         related_name="+",
         help_text="The settings the engine runs with now (the last good config).",
     )
+    launch_style = models.CharField(
+        max_length=16, choices=LaunchStyle.choices, default=LaunchStyle.PROCESS
+    )
+    runner = models.CharField(
+        max_length=16,
+        choices=Runner.choices,
+        default=Runner.ENGINE,
+        help_text="The simulator stands in for the engine on machines without GPUs.",
+    )
+    simulator = models.JSONField(
+        default=dict, blank=True, help_text="Simulator options: gpu, num_gpus, startup_seconds."
+    )
+    docker_image = models.CharField(
+        max_length=200, blank=True, help_text="Empty: the engine's official image."
+    )
+    status_detail = models.CharField(max_length=500, blank=True)
+    status_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -157,6 +330,9 @@ class Deployment(models.Model):
         if self.active_config_id and self.active_config.deployment_id != self.pk:
             raise ValidationError({"active_config": "That config belongs to another deployment."})
 
+    def active_operation(self) -> EngineOperation | None:
+        return self.operations.filter(status__in=ACTIVE_STATUSES).first()
+
 
 class EngineConfig(models.Model):
     """One immutable, numbered version of a deployment's engine settings.
@@ -169,6 +345,12 @@ class EngineConfig(models.Model):
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="configs")
     version = models.PositiveIntegerField()
     settings = models.JSONField(default=dict, blank=True)
+    env = models.JSONField(
+        default=dict, blank=True, help_text="Environment variables (CUDA_VISIBLE_DEVICES, VLLM_*)."
+    )
+    placement = models.JSONField(
+        default=dict, blank=True, help_text="CPU placement: {numa_node, cpus}."
+    )
     note = models.CharField(max_length=200, blank=True)
     created_by = models.ForeignKey(
         conf.AUTH_USER_MODEL,
@@ -181,7 +363,14 @@ class EngineConfig(models.Model):
 
     class Manager(models.Manager):
         def create_next(
-            self, deployment: Deployment, settings: dict, *, created_by=None, note: str = ""
+            self,
+            deployment: Deployment,
+            settings: dict,
+            *,
+            env: dict | None = None,
+            placement: dict | None = None,
+            created_by=None,
+            note: str = "",
         ) -> EngineConfig:
             """Create the deployment's next version (serialised on the deployment row)."""
             with transaction.atomic():
@@ -191,6 +380,8 @@ class EngineConfig(models.Model):
                     deployment=deployment,
                     version=last + 1,
                     settings=settings,
+                    env=env or {},
+                    placement=placement or {},
                     created_by=created_by,
                     note=note,
                 )
@@ -223,14 +414,39 @@ class EngineConfig(models.Model):
         )
 
     def diff(self, other: EngineConfig | None) -> dict[str, tuple]:
-        """``{flag: (other's value, this value)}`` for every flag that differs."""
-        old = other.settings if other else {}
-        keys = sorted(set(old) | set(self.settings))
-        return {
-            k: (old.get(k), self.settings.get(k))
-            for k in keys
-            if old.get(k) != self.settings.get(k)
-        }
+        """``{flag: (other's value, this value)}`` for every flag that differs; environment
+        variables appear as ``env.NAME`` and placement as ``placement.numa_node``/``.cpus``."""
+        mine, theirs = self.flat(), other.flat() if other else {}
+        keys = sorted(set(theirs) | set(mine))
+        return {k: (theirs.get(k), mine.get(k)) for k in keys if theirs.get(k) != mine.get(k)}
+
+    def flat(self) -> dict:
+        flat = dict(self.settings)
+        flat.update({f"env.{k}": v for k, v in (self.env or {}).items()})
+        flat.update(
+            {f"placement.{k}": v for k, v in (self.placement or {}).items() if v is not None}
+        )
+        return flat
+
+    def launch_config(self):
+        """The whole launch config of this version on its deployment (hosts.engines.launch)."""
+        from hosts.engines.launch import LaunchConfig, Placement
+
+        deployment = self.deployment
+        placement = self.placement or {}
+        return LaunchConfig(
+            engine=deployment.engine,
+            model=deployment.model,
+            settings=dict(self.settings),
+            engine_version=deployment.engine_version or None,
+            env=dict(self.env or {}),
+            placement=Placement(placement.get("numa_node"), placement.get("cpus"))
+            if placement
+            else None,
+            port=deployment.port,
+            runner=deployment.runner,
+            simulator=dict(deployment.simulator or {}),
+        )
 
 
 class HostCheck(BackgroundOperation):
@@ -258,5 +474,62 @@ class HostCheck(BackgroundOperation):
             "reachable": self.reachable,
             "latency_ms": self.latency_ms,
             "detail": self.detail,
+            "error": self.error,
+        }
+
+
+class EngineOperation(BackgroundOperation):
+    """Applying a config to a deployment's engine, or restarting it, run by a Celery worker.
+
+    One at a time per deployment: the database refuses a second queued or running row (the
+    partial unique constraint), and the service takes a row lock on the deployment before it
+    looks. A failed apply leaves the deployment on its last good config; ``outcome`` and
+    ``engine_log`` say what the engine did (its own error lines).
+    """
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="operations")
+    kind = models.CharField(max_length=16, choices=OperationKind.choices)
+    config = models.ForeignKey(
+        EngineConfig,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="operations",
+        help_text="The config being applied (restart: the one that was running).",
+    )
+    previous_config = models.ForeignKey(
+        EngineConfig,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The last good config, to roll back to.",
+    )
+    outcome = models.CharField(max_length=16, choices=OperationOutcome.choices, blank=True)
+    engine_log = models.TextField(blank=True, help_text="The engine's own last output lines.")
+
+    class Meta(BackgroundOperation.Meta):
+        constraints = [
+            models.UniqueConstraint(
+                fields=["deployment"],
+                condition=models.Q(status__in=["queued", "running"]),
+                name="engineoperation_one_active_per_deployment",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} on {self.deployment} #{self.pk}"
+
+    @property
+    def outcome_choice(self) -> OperationOutcome | None:
+        return OperationOutcome(self.outcome) if self.outcome else None
+
+    def as_event(self) -> dict:
+        return {
+            "id": self.pk,
+            "deployment": self.deployment_id,
+            "kind": self.kind,
+            "status": self.status,
+            "outcome": self.outcome,
             "error": self.error,
         }

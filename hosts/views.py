@@ -1,47 +1,71 @@
 """Pages of the hosts app. Thin: check access, call a service, render."""
 
+from datetime import UTC, datetime, timedelta
+
 from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
 from django.db.models import Count, Prefetch
-from django.http import HttpResponse
+from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from hosts import services
+from hosts.choices import OperationKind
 from hosts.forms import HostForm
-from hosts.models import Deployment, Host, HostCheck
+from hosts.models import Deployment, EngineOperation, Gpu, GpuSample, Host, HostCheck
+
+PARTS = {
+    "facts": "hosts/_facts.html",
+    "deployments": "hosts/_deployments.html",
+    "operations": "hosts/_operations.html",
+    "checks": "hosts/_checks.html",
+}
+BACKFILL = timedelta(minutes=10)
 
 
 @permission_required("hosts.view_host", raise_exception=True)
 def host_list(request):
-    hosts = Host.objects.annotate(
-        gpu_count=Count("gpus", distinct=True), deployment_count=Count("deployments", distinct=True)
-    )
+    hosts = Host.objects.annotate(deployment_count=Count("deployments", distinct=True))
+    hosts = hosts.prefetch_related(Prefetch("gpus", queryset=Gpu.objects.order_by("index")))
     return render(request, "hosts/host_list.html", {"hosts": hosts})
 
 
 @permission_required("hosts.view_host", raise_exception=True)
 def host_detail(request, pk):
-    host = get_object_or_404(
-        Host.objects.prefetch_related(
-            "gpus",
-            Prefetch(
-                "deployments",
-                queryset=Deployment.objects.select_related("active_config").prefetch_related(
-                    "gpus"
-                ),
-            ),
-        ),
-        pk=pk,
-    )
-    return render(request, "hosts/host_detail.html", {"host": host, "checks": _recent_checks(host)})
+    host = get_object_or_404(Host, pk=pk)
+    context = _context(host)
+    context["telemetry"] = _recent_samples(host, timezone.now() - BACKFILL)
+    return render(request, "hosts/host_detail.html", context)
+
+
+@permission_required("hosts.view_host", raise_exception=True)
+def host_part(request, pk, part):
+    """One fragment of the host page, re-fetched by htmx when a live event arrives."""
+    if part not in PARTS:
+        raise Http404("no such part")
+    host = get_object_or_404(Host, pk=pk)
+    return render(request, PARTS[part], _context(host))
 
 
 @permission_required("hosts.view_host", raise_exception=True)
 def host_checks(request, pk):
-    """The checks table alone, re-fetched by htmx when a live event arrives."""
     host = get_object_or_404(Host, pk=pk)
     return render(request, "hosts/_checks.html", {"host": host, "checks": _recent_checks(host)})
+
+
+@permission_required("hosts.view_host", raise_exception=True)
+def host_telemetry(request, pk):
+    """Samples since ``?since=`` (ISO time; at most the last 10 minutes): the live charts'
+    backfill after a dropped socket."""
+    host = get_object_or_404(Host, pk=pk)
+    floor = timezone.now() - BACKFILL
+    since = request.GET.get("since")
+    try:
+        since = max(floor, datetime.fromtimestamp(int(since) / 1000, tz=UTC)) if since else floor
+    except (ValueError, OverflowError, OSError):
+        return JsonResponse({"error": "since must be milliseconds since the epoch"}, status=400)
+    return JsonResponse(_recent_samples(host, since))
 
 
 @permission_required("hosts.add_host", raise_exception=True)
@@ -49,7 +73,7 @@ def host_create(request):
     form = HostForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         host = services.create_host(request.user, form)
-        messages.success(request, f"Host {host} added.")
+        messages.success(request, f"Host {host} added. Test the connection to read its GPUs.")
         return redirect(host)
     return render(request, "hosts/host_form.html", {"form": form})
 
@@ -68,14 +92,117 @@ def host_edit(request, pk):
 @require_POST
 @permission_required("hosts.add_hostcheck", raise_exception=True)
 def host_check(request, pk):
+    """ "Test connection": reachability, then the transport itself (token, host key) and the
+    inventory."""
     host = get_object_or_404(Host, pk=pk)
     services.request_host_check(request.user, host)
     if request.headers.get("HX-Request"):
         # No fragment here: the worker may already have moved on, and a snapshot arriving
         # after a live refresh would show an older state. The table re-fetches itself instead.
         return HttpResponse(status=204, headers={"HX-Trigger": "checks-changed"})
-    messages.info(request, f"Checking {host}…")
+    messages.info(request, f"Testing the connection to {host}…")
     return redirect(host)
+
+
+@require_POST
+@permission_required("hosts.accept_host_key", raise_exception=True)
+def host_accept_key(request, pk):
+    host = get_object_or_404(Host, pk=pk)
+    offered = request.POST.get("fingerprint", "")
+    if not offered or offered != host.ssh_offered_fingerprint:
+        # The admin accepts what they saw, not whatever the host offers by the time they click.
+        messages.error(request, "The offered key changed since the page was shown: look again.")
+        return redirect(host)
+    services.accept_host_key(request.user, host)
+    messages.success(request, f"Host key {offered} accepted for {host}.")
+    return redirect(host)
+
+
+@require_POST
+@permission_required("hosts.add_engineoperation", raise_exception=True)
+def deployment_restart(request, pk):
+    deployment = get_object_or_404(Deployment, pk=pk)
+    try:
+        services.request_operation(request.user, deployment, OperationKind.RESTART)
+    except services.OperationRefused as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.info(request, f"Restarting {deployment}…")
+    return redirect(deployment.host)
+
+
+@permission_required("hosts.view_engineoperation", raise_exception=True)
+def operation_detail(request, pk):
+    operation = get_object_or_404(
+        EngineOperation.objects.select_related(
+            "deployment__host", "config", "previous_config", "requested_by"
+        ),
+        pk=pk,
+    )
+    return render(request, "hosts/operation_detail.html", {"operation": operation})
+
+
+def _context(host: Host) -> dict:
+    deployments = Deployment.objects.filter(host=host).select_related("active_config")
+    return {
+        "host": host,
+        "gpus": list(host.gpus.order_by("index")),
+        "deployments": deployments.prefetch_related("gpus"),
+        "operations": EngineOperation.objects.filter(deployment__host=host).select_related(
+            "deployment", "config", "requested_by"
+        )[:10],
+        "checks": _recent_checks(host),
+        "numa": _numa(host),
+    }
+
+
+def _numa(host: Host) -> list[dict]:
+    """Per NUMA node: its CPUs, the GPUs hanging off it, the engines pinned to it."""
+    gpus = list(host.gpus.order_by("index"))
+    nodes = {
+        n.get("node"): {"node": n.get("node"), "cpus": n.get("cpus"), "gpus": [], "engines": []}
+        for n in host.numa_nodes or []
+    }
+    for gpu in gpus:
+        nodes.setdefault(
+            gpu.numa_node, {"node": gpu.numa_node, "cpus": "", "gpus": [], "engines": []}
+        )
+        nodes[gpu.numa_node]["gpus"].append(gpu)
+    for deployment in host.deployments.select_related("active_config"):
+        placement = (deployment.active_config.placement if deployment.active_config else {}) or {}
+        node = placement.get("numa_node")
+        if node is not None:
+            nodes.setdefault(node, {"node": node, "cpus": "", "gpus": [], "engines": []})
+            nodes[node]["engines"].append((deployment, placement))
+    return sorted(nodes.values(), key=lambda n: (n["node"] is None, n["node"] or 0))
+
+
+def _recent_samples(host: Host, since) -> dict:
+    """``{"gpus": {gpu pk: {index, name, t: [ms since epoch], utilization: [...],
+    memory_gib: [...], power_w: [...]}}}`` for the charts (plotly reads epoch ms as dates)."""
+    series = {}
+    for gpu in host.gpus.order_by("index"):
+        series[gpu.pk] = {
+            "index": gpu.index,
+            "name": gpu.name,
+            "memory_total_gib": round(gpu.memory_bytes / 2**30, 1),
+            "t": [],
+            "utilization": [],
+            "memory_gib": [],
+            "power_w": [],
+        }
+    rows = GpuSample.objects.filter(gpu__host=host, time__gt=since).order_by("time")
+    for gpu_id, t, util, mem, power in rows.values_list(
+        "gpu_id", "time", "utilization_pct", "memory_used_bytes", "power_w"
+    ):
+        s = series.get(gpu_id)
+        if s is None:
+            continue
+        s["t"].append(int(t.timestamp() * 1000))
+        s["utilization"].append(util)
+        s["memory_gib"].append(None if mem is None else round(mem / 2**30, 2))
+        s["power_w"].append(power)
+    return {"gpus": series}
 
 
 def _recent_checks(host):

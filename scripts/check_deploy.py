@@ -4,6 +4,7 @@
 No service is contacted: the URLs only select production mode. Fails on any warning.
 """
 
+import base64
 import os
 import secrets
 import subprocess
@@ -16,6 +17,7 @@ PRODUCTION_ENV = {
     "DATABASE_URL": "postgres://panel:panel@postgres:5432/panel",
     "REDIS_URL": "redis://redis:6379/0",
     "SECRET_KEY": secrets.token_urlsafe(50),
+    "PANEL_ENCRYPTION_KEY": base64.urlsafe_b64encode(secrets.token_bytes(32)).decode(),
     "ALLOWED_HOSTS": "panel.example.com",
     "HTTPS": "true",
     "DEBUG": "false",

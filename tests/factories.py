@@ -17,7 +17,8 @@ def make_host(**kw) -> Host:
         name=f"gpu-{n:03d}",
         address="127.0.0.1",
         transport="agent",
-        port=8421,
+        port=9100,
+        agent_token="test-token",
         hourly_price=Decimal("2.50"),
         labels={"zone": "test"},
     )
@@ -69,3 +70,19 @@ def make_run(deployment: Deployment | None = None, **kw) -> BenchmarkRun:
     data = dict(deployment=deployment, load_profile=kw.pop("load_profile", None) or make_profile())
     data.update(kw)
     return BenchmarkRun.objects.create(**data)
+
+
+def ssh_private_key() -> str:
+    """A fresh Ed25519 private key in OpenSSH format (what `ssh-keygen` writes)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return (
+        Ed25519PrivateKey.generate()
+        .private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
+        .decode()
+    )

@@ -2,7 +2,8 @@
 
 Histogram deltas between the first and last scrape split TTFT into queueing and prompt
 processing as the server saw them; gauges sampled every second show KV-cache use and queue
-length over time. Both vLLM (``vllm:``) and SGLang (``sglang:``) names are understood.
+length over time. Both vLLM (``vllm:``) and SGLang (``sglang:``) names are understood, older
+releases' names too: they come from one table, ``hosts.engines.metrics``.
 """
 
 from __future__ import annotations
@@ -12,54 +13,55 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-# Our name → (vLLM name, SGLang name) without the prefix.
-GAUGES = {
-    "running": ("num_requests_running", "num_running_reqs"),
-    "waiting": ("num_requests_waiting", "num_queue_reqs"),
-    "kv_cache_usage": ("kv_cache_usage_perc", "token_usage"),
-}
-COUNTERS = {
-    "prompt_tokens": ("prompt_tokens", "prompt_tokens"),
-    "generation_tokens": ("generation_tokens", "generation_tokens"),
-    "preemptions": ("num_preemptions", None),
-    "prefix_cache_queries": ("prefix_cache_queries", None),
-    "prefix_cache_hits": ("prefix_cache_hits", None),
-}
-HISTOGRAMS = {
-    "ttft": ("time_to_first_token_seconds", "time_to_first_token_seconds"),
-    "itl": ("inter_token_latency_seconds", "inter_token_latency_seconds"),
-    "e2e": ("e2e_request_latency_seconds", "e2e_request_latency_seconds"),
-    "queue": ("request_queue_time_seconds", "queue_time_seconds"),
-    "prefill": ("request_prefill_time_seconds", None),
-    "decode": ("request_decode_time_seconds", None),
-}
+from hosts.engines.metrics import lookup
+
+# Our keys, by kind: what a snapshot, the timeline and the deltas report.
+GAUGES = ("running", "waiting", "kv_cache_usage")
+COUNTERS = (
+    "prompt_tokens",
+    "generation_tokens",
+    "preemptions",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+)
+HISTOGRAMS = ("ttft", "itl", "e2e", "queue", "prefill", "decode")
+_READ = frozenset((*GAUGES, *COUNTERS, *HISTOGRAMS))
+
+
+def _family_values(metric, family) -> dict[str, float]:
+    if metric.kind == "gauge":
+        return {metric.key: sum(s.value for s in family.samples)}
+    if metric.kind == "counter":
+        return {metric.key: sum(s.value for s in family.samples if s.name.endswith("_total"))}
+    out = {f"{metric.key}_sum": 0.0, f"{metric.key}_count": 0.0}
+    for sample in family.samples:
+        if sample.name.endswith("_sum"):
+            out[f"{metric.key}_sum"] += sample.value
+        elif sample.name.endswith("_count"):
+            out[f"{metric.key}_count"] += sample.value
+    return out
 
 
 def parse(text: str) -> dict:
     """A flat snapshot: gauges, counters, histogram sums/counts, summed over label sets."""
     values: dict[str, float] = {}
+    rank_of: dict[str, int] = {}  # key → rank of the name its values came from
     engine = None
     for family in text_string_to_metric_families(text):
-        name = family.name
-        prefix, _, short = name.partition(":")
+        prefix = family.name.partition(":")[0]
         if prefix not in ("vllm", "sglang"):
             continue
         engine = prefix
-        column = 0 if prefix == "vllm" else 1
-        short = short.removesuffix("_total")  # untyped expositions keep the suffix
-        for ours, names in GAUGES.items():
-            if names[column] == short:
-                values[ours] = sum(s.value for s in family.samples)
-        for ours, names in COUNTERS.items():
-            if names[column] == short:
-                values[ours] = sum(s.value for s in family.samples if s.name.endswith("_total"))
-        for ours, names in HISTOGRAMS.items():
-            if names[column] == short:
-                for sample in family.samples:
-                    if sample.name.endswith("_sum"):
-                        values[f"{ours}_sum"] = values.get(f"{ours}_sum", 0) + sample.value
-                    elif sample.name.endswith("_count"):
-                        values[f"{ours}_count"] = values.get(f"{ours}_count", 0) + sample.value
+        found = lookup(family.name)
+        if found is None or found[1].key not in _READ:
+            continue
+        _, metric, rank = found
+        # A release that exports a metric under its new and its deprecated name reports the
+        # same numbers twice: keep the newest name's, never their sum.
+        if rank_of.get(metric.key, rank) < rank:
+            continue
+        rank_of[metric.key] = rank
+        values.update(_family_values(metric, family))
     values["engine"] = engine
     return values
 

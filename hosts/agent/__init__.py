@@ -22,6 +22,32 @@ time; a wrong or missing token gets 401 ``{"error": "..."}``; bad input 400, unk
     GET  /v1/operations/<id>         {"id", "engine", "kind": "apply"|"restart",
                                      "state": "running"|"ready"|"rolled_back"|"failed",
                                      "error", "log_lines": [...], "started_at", "finished_at"}
+
+Additions to those shapes (clients may ignore them): a 400 for a bad LaunchConfig also carries
+``"errors": {field: message}`` (LaunchError.errors); an engine status carries ``"operation"``
+(the id of the apply/restart running on it, or None); an operation carries ``"steps"`` (its
+progress, one timestamped line per step). A second apply/restart while one runs on the same
+engine gets 409 naming the running operation; ``stop`` during an apply or restart cancels it
+(the operation ends ``failed``, "stopped by request"). Engines are stopped when the agent gets
+SIGTERM or SIGINT.
+
+Decisions (see the modules for the why):
+- Token file (``server.read_token``): refused when missing, empty, or accessible to every user
+  (``o+r``/``o+w``: any local account could drive the agent); group access is allowed with a
+  warning, so ``root:agent 0640`` works. The token is never logged.
+- What may run (``policy``): the rendered argv's program must be on the allow-list — by default
+  ``vllm``, ``python3``/``python``/this interpreter followed by ``-m sglang.launch_server``, and
+  this interpreter followed by ``-m hosts.simulator``; ``--allow-exec`` (repeatable, a program
+  name or absolute path optionally followed by required leading args) replaces that list.
+  ``numactl`` (CPU/memory binding options only) and ``taskset -c LIST`` may prefix it. Names
+  resolve on the agent's PATH and run by absolute path; never through a shell. Variables that
+  change what code loads (LD_*, PATH, PYTHONPATH, …) are refused in a config, and the agent's
+  own secrets (…TOKEN, …SECRET…, …PASSWORD…, except HF tokens) are not passed to engines.
+- State (``--state-dir``, default a fresh temp dir): ``engines/<name>.json`` (mode 0600) holds
+  each engine's config and running pid. A restarted agent knows its engines (stopped until
+  restarted) and stops an engine a killed agent left running.
+- Telemetry: NVML when it initialises; ``--simulate GPU[:COUNT]`` reports simulated GPUs
+  instead, even where NVML works (the demo must show the GPUs its simulator engines use).
 """
 
 AGENT_VERSION = "0.1.0"

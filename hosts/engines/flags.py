@@ -6,15 +6,24 @@ and the simulator builds its command-line parser from the same table, so both re
 things with the same words.
 
 Settings are a mapping of a flag's ``dest`` (``max_num_seqs``) to a typed value.
+
+Engines add, rename and drop flags between releases, so a flag may say in which version it
+appeared (``since``) and in which it was gone (``until``). Given the version of the engine that
+will run, validation refuses what that version does not have, naming the flag to use instead.
+Without a version the table stands for the newest release: flags that have been removed are
+refused, flags added recently are accepted.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from packaging.version import InvalidVersion, Version
 
 # Text values that go into argv: no whitespace, no control characters, nothing starting with a
 # dash (it would be read as another flag).
@@ -48,6 +57,11 @@ class Flag:
     parse: Callable[[str], Any] | None = None  # custom text → value (e.g. "32k" → 32768)
     nargs: str | None = None
     performance: bool = True  # False: accepted but no effect on speed (logging, auth, …)
+    since: str | None = None  # first engine version that has the flag (None: all we support)
+    until: str | None = None  # first engine version that no longer has it (None: still there)
+    # dest of the flag that does this one's job in the versions without it (renames), so the
+    # refusal can say what to use instead.
+    counterpart: str | None = None
 
     @property
     def option(self) -> str:
@@ -78,6 +92,10 @@ class Flag:
                 value = int(value)
             elif self.type == "float":
                 value = float(value)
+                if not math.isfinite(value):
+                    # nan passes every range check (all comparisons are false) and inf
+                    # renders as a word the engine's own parser may read differently.
+                    raise ValueError
             elif self.type == "str":
                 if self.nargs and isinstance(value, list | tuple):
                     return [self._text(v) for v in value]
@@ -122,6 +140,26 @@ class Flag:
             )
 
 
+def engine_version(text: Any) -> Version:
+    """An engine's version as reported by ``/version`` or pip: ``0.11.0``, ``v0.6.0``,
+    ``0.5.3.post1``, ``0.11.1rc2``, ``0.10.2+cu128``; raises EngineArgError otherwise."""
+    if not isinstance(text, str) or not SAFE_TEXT.match(text):
+        raise EngineArgError(f"invalid engine version {text!r}", "engine_version")
+    try:
+        return Version(text)
+    except InvalidVersion:
+        raise EngineArgError(
+            f"invalid engine version {text!r}: expected a release number like 0.11.0",
+            "engine_version",
+        ) from None
+
+
+def _release(version: Version) -> Version:
+    # Flags are compared on the release number alone: a release candidate, a post release or
+    # a local build (0.11.0rc1, 0.11.0.post1, 0.11.0+cu128) takes the flags of its release.
+    return Version(version.base_version)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of exiting, so callers choose how to report."""
 
@@ -138,6 +176,9 @@ class EngineSpec:
     model_option: str | None  # None: the model is a positional argument (vllm serve MODEL)
     flags: tuple[Flag, ...]
     cross_checks: tuple[Callable[[dict], None], ...] = field(default=())
+    # The tensor-parallel setting, checked against the host's GPU count when that is known.
+    tp_dest: str | None = None
+    title: str = ""  # how messages about versions name the engine ("vllm serve 0.10.0 has no")
 
     def __post_init__(self):
         self.by_dest = {f.dest: f for f in self.flags}
@@ -145,13 +186,41 @@ class EngineSpec:
     def flag(self, dest: str) -> Flag:
         return self.by_dest[dest]
 
+    # --- versions -----------------------------------------------------------------------------
+    def missing(self, flag: Flag, version: str | Version | None = None) -> str | None:
+        """Why ``version`` of the engine has no ``flag``, or None when it has it."""
+        name = self.title or self.prog
+        other = self.by_dest.get(flag.counterpart) if flag.counterpart else None
+        if version is None:
+            if flag.until is None:
+                return None
+            instead = f"use {other.option} instead, or " if other else ""
+            return (
+                f"{self.prog} has no setting {flag.dest!r} (removed in {flag.until}; "
+                f"{instead}give the engine version to use it with older releases)"
+            )
+        v = _release(version if isinstance(version, Version) else engine_version(version))
+        if flag.since is not None and v < Version(flag.since):
+            older = f"; older versions use {other.option}" if other else ""
+            return f"{name} {version} has no {flag.option} (added in {flag.since}{older})"
+        if flag.until is not None and v >= Version(flag.until):
+            newer = f"; use {other.option} instead" if other else ""
+            return f"{name} {version} has no {flag.option} (removed in {flag.until}{newer})"
+        return None
+
+    def flags_for(self, version: str | Version | None = None) -> tuple[Flag, ...]:
+        """The flags ``version`` of the engine has (the newest release's when None)."""
+        return tuple(f for f in self.flags if self.missing(f, version) is None)
+
     # --- argv → settings ------------------------------------------------------------------
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+    def add_arguments(
+        self, parser: argparse.ArgumentParser, version: str | Version | None = None
+    ) -> None:
         if self.model_option is None:
             parser.add_argument("model", help="name or path of the model")
         else:
             parser.add_argument(self.model_option, dest="model", required=True)
-        for flag in self.flags:
+        for flag in self.flags_for(version):
             kwargs: dict[str, Any] = {"dest": flag.dest, "default": None, "help": flag.help}
             if flag.type == "bool":
                 if flag.bool_style == "negatable":
@@ -176,14 +245,16 @@ class EngineSpec:
         convert.__name__ = flag.type
         return convert
 
-    def parser(self, **kwargs) -> argparse.ArgumentParser:
+    def parser(self, version: str | Version | None = None, **kwargs) -> argparse.ArgumentParser:
         parser = _Parser(prog=self.prog, **kwargs)
-        self.add_arguments(parser)
+        self.add_arguments(parser, version)
         return parser
 
-    def parse_argv(self, argv: Iterable[str]) -> tuple[str, dict]:
+    def parse_argv(
+        self, argv: Iterable[str], version: str | Version | None = None
+    ) -> tuple[str, dict]:
         """``(model, settings)`` from an engine command line; only flags given are returned."""
-        ns = self.parser().parse_args(list(argv))
+        ns = self.parser(version).parse_args(list(argv))
         values = vars(ns)
         model = values.pop("model")
         settings = {k: v for k, v in values.items() if v is not None}
@@ -191,13 +262,30 @@ class EngineSpec:
         return model, settings
 
     # --- settings → validated settings / argv -----------------------------------------------
-    def validate(self, settings: Mapping[str, Any]) -> tuple[dict, dict[str, str]]:
-        """``(clean settings, errors by dest)``; unknown names are errors too."""
+    def validate(
+        self,
+        settings: Mapping[str, Any],
+        version: str | Version | None = None,
+        gpu_count: int | None = None,
+    ) -> tuple[dict, dict[str, str]]:
+        """``(clean settings, errors by dest)``; unknown names are errors too, and so are flags
+        ``version`` of the engine does not have. ``gpu_count``, when known, is what the
+        tensor-parallel size must divide. An unreadable version raises EngineArgError."""
+        if version is not None and not isinstance(version, Version):
+            version = engine_version(version)
+        if gpu_count is not None and (
+            isinstance(gpu_count, bool) or not isinstance(gpu_count, int) or gpu_count < 1
+        ):
+            raise ValueError(f"gpu_count must be a positive int, got {gpu_count!r}")
         clean, errors = {}, {}
         for dest, value in settings.items():
             flag = self.by_dest.get(dest)
             if flag is None:
                 errors[dest] = f"{self.prog} has no setting {dest!r}"
+                continue
+            reason = self.missing(flag, version)
+            if reason is not None:
+                errors[dest] = reason
                 continue
             try:
                 coerced = flag.coerce(value)
@@ -206,6 +294,18 @@ class EngineSpec:
                 continue
             if coerced is not None:
                 clean[dest] = coerced
+        if gpu_count is not None and self.tp_dest in clean:
+            # Needs only the one clean value, so it is reported alongside other errors.
+            tp = clean[self.tp_dest]
+            if tp > gpu_count:
+                errors[self.tp_dest] = (
+                    f"{self.tp_dest} ({tp}) is more than the {gpu_count} GPU(s) on this host"
+                )
+            elif gpu_count % tp:
+                errors[self.tp_dest] = (
+                    f"{self.tp_dest} ({tp}) must divide the number of GPUs ({gpu_count}): "
+                    f"{gpu_count % tp} GPU(s) would sit idle"
+                )
         if not errors:
             try:
                 self.check_combination(clean)
@@ -217,9 +317,14 @@ class EngineSpec:
         for check in self.cross_checks:
             check(settings)
 
-    def render_args(self, settings: Mapping[str, Any]) -> list[str]:
+    def render_args(
+        self,
+        settings: Mapping[str, Any],
+        version: str | Version | None = None,
+        gpu_count: int | None = None,
+    ) -> list[str]:
         """Validated settings as argv items, in the table's order (stable diffs and logs)."""
-        clean, errors = self.validate(settings)
+        clean, errors = self.validate(settings, version, gpu_count)
         if errors:
             raise EngineArgError("; ".join(errors.values()))
         argv: list[str] = []
@@ -238,15 +343,21 @@ class EngineSpec:
                 argv.extend([flag.option, _render_value(value)])
         return argv
 
-    def render_command(self, model: str, settings: Mapping[str, Any]) -> list[str]:
+    def render_command(
+        self,
+        model: str,
+        settings: Mapping[str, Any],
+        version: str | Version | None = None,
+        gpu_count: int | None = None,
+    ) -> list[str]:
         """The engine's arguments including the model (without the executable)."""
         model_arg = Flag("model", ("--model",), "str").coerce(model)
         head = [model_arg] if self.model_option is None else [self.model_option, model_arg]
-        return head + self.render_args(settings)
+        return head + self.render_args(settings, version, gpu_count)
 
-    def effective(self, settings: Mapping[str, Any]) -> dict:
+    def effective(self, settings: Mapping[str, Any], version: str | Version | None = None) -> dict:
         """Settings with the table's static defaults filled in (auto defaults stay None)."""
-        return {f.dest: settings.get(f.dest, f.default) for f in self.flags}
+        return {f.dest: settings.get(f.dest, f.default) for f in self.flags_for(version)}
 
 
 def _render_value(value: Any) -> str:

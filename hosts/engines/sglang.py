@@ -94,9 +94,11 @@ FLAGS = (
         "The model's maximum context length (from the model config when unset).",
         minimum=1,
     ),
+    # --tp-size first so it is what gets rendered: every release has it (the v0.1 server_args
+    # knew only --tp-size), --tensor-parallel-size is an alias since sgl-project/sglang#941.
     Flag(
         "tp_size",
-        ("--tensor-parallel-size", "--tp-size"),
+        ("--tp-size", "--tensor-parallel-size"),
         "int",
         1,
         "The tensor parallelism size.",
@@ -187,6 +189,8 @@ SPEC = EngineSpec(
     model_option="--model-path",
     flags=FLAGS,
     cross_checks=(_prefill_chunk_fits,),
+    tp_dest="tp_size",
+    title="sglang",
 )
 
 

@@ -178,6 +178,11 @@ FLAGS = (
         bool_style="store_true",
         performance=False,
     ),
+    # Request logging flipped to opt-in in vllm-project/vllm#21739 (first released in 0.10.1:
+    # ray-project/ray#55336 keys on "<0.10.1"; vllm-project/vllm#24578 runs
+    # `vllm-openai:v0.10.1 --enable-log-requests`). docs.vllm.ai/en/v0.12.0/cli/serve still
+    # lists --disable-log-requests as [DEPRECATED]; llm-d/llm-d-benchmark#781 reports it gone
+    # in 0.17.0 (vllm/engine/arg_utils.py AsyncEngineArgs.add_cli_args had both until then).
     Flag(
         "enable_log_requests",
         ("--enable-log-requests",),
@@ -186,6 +191,32 @@ FLAGS = (
         "Log every request.",
         bool_style="negatable",
         performance=False,
+        since="0.10.1",
+        counterpart="disable_log_requests",
+    ),
+    Flag(
+        "disable_log_requests",
+        ("--disable-log-requests",),
+        "bool",
+        None,
+        "Do not log requests (the default from 0.10.1 on).",
+        bool_style="store_true",
+        performance=False,
+        until="0.17.0",
+        counterpart="enable_log_requests",
+    ),
+    # Unused since the V1 engine (vllm-project/vllm#27984), dropped from EngineArgs by
+    # vllm-project/vllm#36216: present in 0.17.1, absent from 0.18.0 on (every release
+    # checked with inspect.signature(EngineArgs) in unslothai/unsloth-zoo#1210).
+    Flag(
+        "swap_space",
+        ("--swap-space",),
+        "float",
+        4,
+        "CPU swap space per GPU in GiB (no effect on the V1 engine).",
+        minimum=0,
+        performance=False,
+        until="0.18.0",
     ),
 )
 
@@ -219,6 +250,8 @@ SPEC = EngineSpec(
     model_option=None,
     flags=FLAGS,
     cross_checks=(_batched_tokens_cover_seqs, _unchunked_prefill_fits_context),
+    tp_dest="tensor_parallel_size",
+    title="vllm serve",
 )
 
 

@@ -8,6 +8,7 @@ so the Django side never asks which transport it talks to.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -43,6 +44,20 @@ class HostKeyMismatch(TransportError):
             f"HOST KEY CHANGED: expected {expected}, the host presented {presented}. "
             "Refusing to connect; if the server was reinstalled, an admin must accept the new key."
         )
+
+
+# An engine's name becomes part of remote paths, unit and container names and URLs: nothing
+# else may get through (the agent checks the same pattern on its side).
+ENGINE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+
+
+def check_engine_name(name: str) -> str:
+    """``name`` if it is a valid engine name, else ``TransportError`` (before anything is sent)."""
+    if not isinstance(name, str) or not ENGINE_NAME.fullmatch(name):
+        raise TransportError(
+            f"invalid engine name {name!r}: use 1-63 of a-z, 0-9 and '-', not starting with '-'"
+        )
+    return name
 
 
 @dataclass

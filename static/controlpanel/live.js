@@ -16,6 +16,8 @@
         retry = 1000;
         root.dataset.liveConnected = "true";
         if (state) state.textContent = "live";
+        // Pages that keep their own data (charts) backfill what they missed while closed.
+        root.dispatchEvent(new CustomEvent("live:open"));
       });
       socket.addEventListener("message", function (message) {
         const payload = JSON.parse(message.data);

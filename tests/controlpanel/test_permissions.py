@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from django.urls import get_resolver, reverse
 
-from tests.factories import make_deployment, make_host, make_run
+from hosts.models import EngineOperation
+from tests.factories import make_config, make_deployment, make_host, make_run
 
 ALL = ["viewer", "operator", "approver", "admin"]
 OPERATORS = ["operator", "approver", "admin"]
@@ -20,6 +21,11 @@ MATRIX = [
     ("hosts:create", "get", OPERATORS),
     ("hosts:edit", "get", OPERATORS),
     ("hosts:check", "post", OPERATORS),
+    ("hosts:part", "get", ALL),
+    ("hosts:telemetry", "get", ALL),
+    ("hosts:accept_key", "post", ["admin"]),
+    ("hosts:restart", "post", OPERATORS),
+    ("hosts:operation", "get", ALL),
     ("benchmarks:list", "get", ALL),
     ("benchmarks:detail", "get", ALL),
     ("changes:list", "get", ALL),
@@ -39,14 +45,34 @@ PUBLIC = {
 }
 
 
+# Views whose URL takes something other than the object of their app.
+ARGS = {
+    "hosts:part": lambda o: [o["hosts"], "facts"],
+    "hosts:restart": lambda o: [o["deployment"]],
+    "hosts:operation": lambda o: [o["operation"]],
+}
+
+
 @pytest.fixture
 def objects(db):
     host = make_host()
-    run = make_run(make_deployment(host))
-    return {"hosts": host.pk, "benchmarks": run.pk}
+    deployment = make_deployment(host)
+    config = make_config(deployment)
+    operation = EngineOperation.objects.create(
+        deployment=deployment, kind="apply", config=config, status="failed"
+    )
+    run = make_run(deployment)
+    return {
+        "hosts": host.pk,
+        "benchmarks": run.pk,
+        "deployment": deployment.pk,
+        "operation": operation.pk,
+    }
 
 
 def url_for(name, objects):
+    if name in ARGS:
+        return reverse(name, args=ARGS[name](objects))
     try:
         return reverse(name)
     except Exception:

@@ -7,7 +7,7 @@ from django.contrib.auth import authenticate, get_user_model
 from django.core.management import call_command
 
 from benchmarks.models import LoadProfile
-from hosts.models import Deployment, Gpu, Host
+from hosts.models import Deployment, Host
 
 pytestmark = pytest.mark.django_db
 
@@ -18,7 +18,8 @@ def seed(**env):
     return out.getvalue()
 
 
-def test_seed_creates_logins_and_fleet(monkeypatch):
+def test_seed_creates_logins_and_fleet(monkeypatch, settings, tmp_path):
+    settings.VAR_DIR = tmp_path
     monkeypatch.setenv("DEMO_PASSWORD", "demo-pass-123")
     output = seed()
     assert "password: demo-pass-123" in output
@@ -31,17 +32,27 @@ def test_seed_creates_logins_and_fleet(monkeypatch):
         user = authenticate(username=username, password="demo-pass-123")
         assert user is not None and user.groups.filter(name=role).exists()
     assert get_user_model().objects.get(username="admin").is_superuser
-    assert Host.objects.count() == 3 and Gpu.objects.count() == 4
+    assert Host.objects.count() == 2
     llama = Deployment.objects.get(name="llama-8b")
     assert llama.active_config.version == 2 and llama.configs.count() == 2
+    assert llama.runner == "simulator" and llama.simulator["gpu"] == "h100-sxm"
+    # The demo hosts carry the tokens of the local demo agents (encrypted at rest).
+    host = Host.objects.get(name="sim-h100-01")
+    token = (settings.VAR_DIR / "demo-fleet" / "sim-h100-01" / "token").read_text()
+    assert host.agent_token == token and host.port == 9101
+    assert (
+        oct((settings.VAR_DIR / "demo-fleet" / "sim-h100-01" / "token").stat().st_mode)[-3:]
+        == "600"
+    )
     assert LoadProfile.objects.filter(name="rag-long-prompt", mode="open").exists()
 
 
-def test_seed_is_idempotent(monkeypatch):
+def test_seed_is_idempotent(monkeypatch, settings, tmp_path):
+    settings.VAR_DIR = tmp_path
     monkeypatch.setenv("DEMO_PASSWORD", "demo-pass-123")
     seed()
     seed()
-    assert Host.objects.count() == 3 and Deployment.objects.count() == 3
+    assert Host.objects.count() == 2 and Deployment.objects.count() == 2
 
 
 def test_generated_password_is_kept_private(monkeypatch, settings, tmp_path):

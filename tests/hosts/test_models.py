@@ -6,7 +6,7 @@ from django.db import IntegrityError
 
 from hosts.forms import HostForm
 from hosts.models import EngineConfig, Host
-from tests.factories import make_config, make_deployment, make_gpu, make_host
+from tests.factories import make_config, make_deployment, make_gpu, make_host, ssh_private_key
 
 pytestmark = pytest.mark.django_db
 
@@ -34,6 +34,8 @@ def test_form_parses_labels_and_defaults_port_by_transport():
             "name": "n1",
             "address": "10.1.1.1",
             "transport": "ssh",
+            "ssh_username": "ops",
+            "ssh_private_key": ssh_private_key(),
             "labels": "zone=eu-1, rack=r7",
             "hourly_price": "3.10",
         }
@@ -46,11 +48,12 @@ def test_form_parses_labels_and_defaults_port_by_transport():
             "name": "n2",
             "address": "10.1.1.2",
             "transport": "agent",
+            "agent_token": "t0ken",
             "labels": "",
             "hourly_price": "0",
         }
     )
-    assert agent.is_valid() and agent.save().port == 8421
+    assert agent.is_valid() and agent.save().port == 9100
 
 
 def test_form_reports_a_malformed_label():

@@ -21,6 +21,7 @@ def test_operator_adds_a_host(client, operator):
             "address": "10.0.0.9",
             "transport": "agent",
             "port": "",
+            "agent_token": "s3cret-agent-token",
             "labels": "zone=a",
             "hourly_price": "4.20",
             "description": "",
@@ -30,6 +31,8 @@ def test_operator_adds_a_host(client, operator):
     assert response.status_code == 302 and response["Location"] == host.get_absolute_url()
     entry = AuditEntry.objects.get(action="host.create")
     assert entry.actor == operator and entry.after["address"] == "10.0.0.9"
+    assert host.port == 9100 and host.agent_token == "s3cret-agent-token"
+    assert "s3cret" not in str(entry.after)  # secrets never reach the audit log
 
 
 def test_bad_input_is_explained_and_saves_nothing(client, operator):
@@ -54,7 +57,7 @@ def test_bad_input_is_explained_and_saves_nothing(client, operator):
 
 
 def test_edit_records_before_and_after(client, operator):
-    host = make_host(name="edit-me", port=8421)
+    host = make_host(name="edit-me", port=9100)
     client.force_login(operator)
     client.post(
         reverse("hosts:edit", args=[host.pk]),
@@ -69,8 +72,10 @@ def test_edit_records_before_and_after(client, operator):
         },
     )
     entry = AuditEntry.objects.get(action="host.update")
-    assert entry.before["port"] == 8421 and entry.after["port"] == 9000
+    assert entry.before["port"] == 9100 and entry.after["port"] == 9000
     assert entry.changed_fields == ["port"]
+    host.refresh_from_db()
+    assert host.agent_token == "test-token"  # an empty secret field keeps the stored one
 
 
 def test_detail_shows_gpus_deployments_and_live_socket(client, viewer):
@@ -81,7 +86,7 @@ def test_detail_shows_gpus_deployments_and_live_socket(client, viewer):
     page = client.get(reverse("hosts:detail", args=[host.pk])).content.decode()
     assert "NVIDIA L40S" in page and "chat-engine" in page
     assert f'data-live-socket="/ws/hosts/{host.pk}/"' in page
-    assert "Check reachability" not in page  # a viewer gets no button it cannot use
+    assert "Test connection" not in page  # a viewer gets no button it cannot use
 
 
 def test_dashboard_summarises_the_fleet(client, viewer):
@@ -92,6 +97,6 @@ def test_dashboard_summarises_the_fleet(client, viewer):
     response = client.get(reverse("dashboard"))
     assert response.context["gpu_count"] == 2
     assert response.context["fleet_hourly"] == Decimal("3")
-    chart = response.context["chart"]["data"][0]
-    assert chart["x"] == [host.name] and chart["y"] == [160.0]
+    used, free = response.context["chart"]["data"]
+    assert used["x"] == [host.name] and used["y"] == [0.0] and free["y"] == [160.0]
     assert 'id="gpu-memory-chart-data"' in response.content.decode()

@@ -1,6 +1,9 @@
 """``manage.py seed_demo``: demo logins (one per role) and a small simulated fleet.
 
-Idempotent: objects that already exist are left alone, so it runs at every ``make run``.
+Idempotent: objects that already exist are left alone, so it runs at every ``make run``; only
+the demo hosts' agent port and token are refreshed, since they belong to the local demo agents
+(``hosts/demo.py``) that ``make run`` starts. GPUs are not seeded: the panel reads them from
+the agents, as it would from a real server.
 """
 
 from __future__ import annotations
@@ -16,74 +19,10 @@ from django.db import transaction
 
 from benchmarks.choices import Dataset, LoadMode
 from benchmarks.models import LoadProfile
-from hosts.choices import DeploymentStatus, EngineKind, TransportKind
-from hosts.models import Deployment, EngineConfig, Gpu, Host
+from hosts import demo
+from hosts.choices import DeploymentStatus, Runner, TransportKind
+from hosts.models import Deployment, EngineConfig, Host
 
-GIB = 2**30
-
-# name, transport, port, price/h, labels, [(gpu name, memory GiB, numa)]
-FLEET = [
-    (
-        "sim-h100-01",
-        TransportKind.AGENT,
-        9101,
-        "9.80",
-        {"zone": "lab", "simulated": "yes"},
-        [("NVIDIA H100 80GB HBM3", 80, 0), ("NVIDIA H100 80GB HBM3", 80, 1)],
-    ),
-    (
-        "sim-a100-01",
-        TransportKind.AGENT,
-        9102,
-        "3.67",
-        {"zone": "lab", "simulated": "yes"},
-        [("NVIDIA A100-SXM4-80GB", 80, 0)],
-    ),
-    (
-        "sim-l40s-01",
-        TransportKind.SSH,
-        9103,
-        "1.86",
-        {"zone": "lab", "simulated": "yes"},
-        [("NVIDIA L40S", 48, 0)],
-    ),
-]
-# host, name, engine, version, model, port, gpu indexes, [settings of v1, v2...]
-DEPLOYMENTS = [
-    (
-        "sim-h100-01",
-        "llama-8b",
-        EngineKind.VLLM,
-        "0.11.0",
-        "meta-llama/Llama-3.1-8B-Instruct",
-        8001,
-        [0],
-        [
-            {"gpu_memory_utilization": 0.9, "max_num_seqs": 256},
-            {"gpu_memory_utilization": 0.9, "max_num_seqs": 512, "max_num_batched_tokens": 8192},
-        ],
-    ),
-    (
-        "sim-h100-01",
-        "qwen-7b",
-        EngineKind.SGLANG,
-        "0.5.3",
-        "Qwen/Qwen2.5-7B-Instruct",
-        30000,
-        [1],
-        [{"mem_fraction_static": 0.85, "max_running_requests": 256}],
-    ),
-    (
-        "sim-a100-01",
-        "mistral-7b",
-        EngineKind.VLLM,
-        "0.11.0",
-        "mistralai/Mistral-7B-Instruct-v0.3",
-        8001,
-        [0],
-        [{"gpu_memory_utilization": 0.9, "max_model_len": 8192}],
-    ),
-]
 PROFILES = [
     ("chat-low", "Interactive chat, light load.", LoadMode.CLOSED, 4, None, 512, 128),
     ("chat-peak", "Interactive chat at peak hour.", LoadMode.CLOSED, 64, None, 512, 256),
@@ -130,42 +69,38 @@ class Command(BaseCommand):
             user.groups.add(Group.objects.get(name=role))
 
     def _fleet(self):
-        if Host.objects.exists():
-            return
-        hosts = {}
-        for n, (name, transport, port, price, labels, gpus) in enumerate(FLEET):
-            host = Host.objects.create(
-                name=name,
-                address="127.0.0.1",
-                transport=transport,
-                port=port,
-                hourly_price=Decimal(price),
-                labels=labels,
-                description="Simulated GPU server of the demo fleet.",
+        for index, spec in enumerate(demo.FLEET):
+            token = demo.token_for(settings.VAR_DIR, spec)
+            host, created = Host.objects.get_or_create(
+                name=spec.name,
+                defaults=dict(
+                    address="127.0.0.1",
+                    transport=TransportKind.AGENT,
+                    port=demo.agent_port(index),
+                    hourly_price=Decimal(spec.price),
+                    labels={"zone": "lab", "simulated": "yes"},
+                    description="Simulated GPU server of the demo fleet (a local host agent).",
+                ),
             )
-            for index, (gpu_name, gib, numa) in enumerate(gpus):
-                Gpu.objects.create(
-                    host=host,
-                    index=index,
-                    name=gpu_name,
-                    memory_bytes=gib * GIB,
-                    numa_node=numa,
-                    uuid=f"GPU-demo-{n:02d}-{index:02d}",
-                )
-            hosts[name] = host
-        for host_name, name, engine, version, model, port, gpu_idx, versions in DEPLOYMENTS:
-            host = hosts[host_name]
+            if host.labels.get("simulated") == "yes":
+                host.transport = TransportKind.AGENT
+                host.port = demo.agent_port(index)
+                host.agent_token = token
+                host.save(update_fields=["transport", "port", "agent_token"])
+            if host.deployments.filter(name=spec.deployment).exists():
+                continue
             deployment = Deployment.objects.create(
                 host=host,
-                name=name,
-                engine=engine,
-                engine_version=version,
-                model=model,
-                port=port,
+                name=spec.deployment,
+                engine=spec.engine,
+                engine_version=spec.engine_version,
+                model=spec.model,
+                port=demo.engine_port(index),
+                runner=Runner.SIMULATOR,
+                simulator={"gpu": spec.gpu_key, "num_gpus": spec.gpus, "startup_seconds": 3},
                 status=DeploymentStatus.UNKNOWN,
             )
-            deployment.gpus.set(host.gpus.filter(index__in=gpu_idx))
-            for number, engine_settings in enumerate(versions, start=1):
+            for number, engine_settings in enumerate(spec.versions, start=1):
                 config = EngineConfig.objects.create_next(
                     deployment,
                     engine_settings,

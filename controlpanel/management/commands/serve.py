@@ -12,7 +12,8 @@ class Command(BaseCommand):
     help = (
         "Serve the panel with uvicorn. Embedded mode (REDIS_URL unset) also runs a Celery "
         "worker and beat in this process. --demo first migrates, collects static files, "
-        "creates the demo logins and seeds a demo fleet."
+        "creates the demo logins and seeds a demo fleet, then starts the fleet's local host "
+        "agents (each supervising a simulated GPU server)."
     )
 
     def add_arguments(self, parser):
@@ -22,20 +23,40 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-worker", action="store_true", help="do not start the embedded worker and beat"
         )
+        parser.add_argument(
+            "--no-demo-fleet",
+            dest="demo_fleet",
+            action="store_false",
+            help="with --demo: do not start the local demo agents and simulators",
+        )
 
-    def handle(self, *args, host, port, demo, no_worker, **options):
+    def handle(self, *args, host, port, demo, no_worker, demo_fleet, **options):
         if demo:
             call_command("migrate", interactive=False, verbosity=0)
             call_command("collectstatic", interactive=False, verbosity=0)
             call_command("seed_demo", stdout=self.stdout)
 
-        runtime = None
+        runtime = fleet = None
         if settings.EMBEDDED and not no_worker:
             from controlpanel.celery import app
             from controlpanel.embedded import EmbeddedRuntime
 
             runtime = EmbeddedRuntime(app, concurrency=settings.EMBEDDED_WORKER_CONCURRENCY)
             runtime.start()
+            if demo and demo_fleet:
+                from hosts.demo import DemoFleet, bring_up
+
+                fleet = DemoFleet(settings.VAR_DIR)
+                try:
+                    fleet.start()
+                except RuntimeError as exc:
+                    fleet.stop()
+                    runtime.stop()
+                    raise CommandError(str(exc)) from None
+                bring_up()
+                self.stdout.write(
+                    f"Demo fleet: {len(fleet.procs)} local agents with simulated GPUs."
+                )
         elif not settings.EMBEDDED:
             self.stdout.write("Production mode: run `celery -A controlpanel worker` and `beat`.")
 
@@ -55,5 +76,7 @@ class Command(BaseCommand):
         except SystemExit as exc:
             raise CommandError(f"uvicorn stopped: {exc}") from None
         finally:
+            if fleet is not None:
+                fleet.stop()
             if runtime is not None:
                 runtime.stop()

@@ -1,0 +1,108 @@
+"""Readings of the host itself (CPU, memory, NUMA layout) and CPU-list helpers, via psutil and
+the kernel's own files; no GPU involved."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from pathlib import Path
+
+import psutil
+
+SYS_NODES = Path("/sys/devices/system/node")
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def format_cpu_list(cpus) -> str:
+    """``[0, 1, 2, 3, 8, 9]`` → ``"0-3,8-9"`` (the kernel's cpulist spelling, which numactl,
+    taskset and our LaunchConfig placement accept)."""
+    ordered = sorted(set(int(c) for c in cpus))
+    parts: list[str] = []
+    start = prev = None
+    for cpu in ordered:
+        if prev is not None and cpu == prev + 1:
+            prev = cpu
+            continue
+        if start is not None:
+            parts.append(f"{start}-{prev}" if prev != start else str(start))
+        start = prev = cpu
+    if start is not None:
+        parts.append(f"{start}-{prev}" if prev != start else str(start))
+    return ",".join(parts)
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """``"0-3,8"`` → ``[0, 1, 2, 3, 8]``; raises ValueError on anything else."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
+        if not match:
+            raise ValueError(f"bad CPU list {text!r}")
+        lo = int(match.group(1))
+        hi = int(match.group(2) or lo)
+        if hi < lo:
+            raise ValueError(f"bad CPU range {part!r}")
+        cpus.extend(range(lo, hi + 1))
+    return cpus
+
+
+def cpu_model() -> str | None:
+    try:
+        for line in CPUINFO.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                return value.strip()
+    except OSError:
+        pass
+    return None
+
+
+def numa_nodes() -> list[dict]:
+    """``[{"node": 0, "cpus": "0-15"}, …]`` from sysfs; empty where the kernel shows none."""
+    nodes = []
+    for path in SYS_NODES.glob("node[0-9]*"):
+        try:
+            cpus = (path / "cpulist").read_text().strip()
+        except OSError:
+            continue
+        nodes.append({"node": int(path.name[4:]), "cpus": cpus})
+    return sorted(nodes, key=lambda n: n["node"])
+
+
+def host_readings() -> dict:
+    memory = psutil.virtual_memory()
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        load = None
+    return {
+        # Non-blocking: the share since the previous call (the agent primes it at start).
+        "cpu_percent": psutil.cpu_percent(interval=None),
+        "load_avg": load,
+        "memory_total_bytes": memory.total,
+        # "used" the way an operator means it: what is not available to new allocations.
+        "memory_used_bytes": memory.total - memory.available,
+    }
+
+
+def host_identity() -> dict:
+    return {
+        "hostname": socket.gethostname(),
+        "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "memory_total_bytes": psutil.virtual_memory().total,
+        "numa_nodes": numa_nodes(),
+    }
+
+
+def process_affinity(pid: int | None) -> list[int] | None:
+    if pid is None:
+        return None
+    try:
+        return sorted(psutil.Process(pid).cpu_affinity())
+    except (psutil.Error, AttributeError, OSError):
+        # AttributeError: platforms without cpu_affinity (macOS).
+        return None
