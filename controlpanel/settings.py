@@ -103,6 +103,7 @@ def _read():
         "TELEMETRY_MINUTE_DAYS": env_int("TELEMETRY_MINUTE_RETENTION_DAYS", 30, minimum=1),
         "TRANSPORT_TIMEOUT": env_float("TRANSPORT_TIMEOUT_SECONDS", 5.0, minimum=0.1),
         "ENGINE_READY_TIMEOUT": env_float("ENGINE_READY_TIMEOUT_SECONDS", 600.0, minimum=1),
+        "SSH_REMOTE_DIR": env_str("SSH_REMOTE_DIR", "~/.llm-panel"),
     }
 
 
@@ -266,6 +267,7 @@ TELEMETRY_RAW_RETENTION_MINUTES = _env["TELEMETRY_RAW_MINUTES"]
 TELEMETRY_MINUTE_RETENTION_DAYS = _env["TELEMETRY_MINUTE_DAYS"]
 TRANSPORT_TIMEOUT = _env["TRANSPORT_TIMEOUT"]
 ENGINE_READY_TIMEOUT = _env["ENGINE_READY_TIMEOUT"]
+SSH_REMOTE_DIR = _env["SSH_REMOTE_DIR"]
 if TELEMETRY_INTERVAL > 0:
     CELERY_BEAT_SCHEDULE["poll-telemetry"] = {
         "task": "hosts.tasks.poll_telemetry",
@@ -282,7 +284,14 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"quiet_polls": {"()": "controlpanel.logfilters.QuietFrequentTasks"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["quiet_polls"],
+        }
+    },
     "root": {"handlers": ["console"], "level": _env["LOG_LEVEL"]},
     # httpx logs every request at INFO: thousands a second during a load test.
     "loggers": {"django.db.backends": {"level": "INFO"}, "httpx": {"level": "WARNING"}},

@@ -99,6 +99,18 @@ def token_for(var_dir: Path, host: DemoHost) -> str:
     return token
 
 
+def _die_with_parent() -> None:
+    """In the agent, before exec: get SIGTERM when the panel dies, however it dies, so no
+    demo agent (and so no simulated engine: the agent stops them) outlives it (Linux)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class DemoFleet:
     """Starts and stops the demo agents (child processes of the panel)."""
 
@@ -128,7 +140,7 @@ class DemoFleet:
                 cwd=ROOT,
                 stdout=subprocess.PIPE,
                 stderr=logfile,
-                start_new_session=True,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads touched before exec
             )
             self.procs.append(proc)
             self._await_listening(proc, host, logfile, timeout)

@@ -104,6 +104,7 @@ class HostForm(forms.ModelForm):
             "ssh_username",
             "ssh_private_key",
             "ssh_key_passphrase",
+            "ssh_python",
             "labels",
             "hourly_price",
             "description",

@@ -107,6 +107,19 @@ class Host(models.Model):
         help_text="OpenSSH/PEM private key, or file:/path/to/key on the worker machines.",
     )
     ssh_key_passphrase = EncryptedTextField(blank=True)
+    ssh_python = models.CharField(
+        max_length=200,
+        blank=True,
+        default="python3",
+        validators=[
+            RegexValidator(
+                r"^(/[A-Za-z0-9._+-]+)+$|^python3?(\.[0-9]+)?$",
+                "A python name (python3) or an absolute path.",
+            )
+        ],
+        help_text="Python on the host for SGLang and the simulator (an absolute path for a "
+        "virtualenv).",
+    )
     ssh_host_key_fingerprint = models.CharField(
         max_length=60,
         blank=True,

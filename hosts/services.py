@@ -63,6 +63,7 @@ HOST_FIELDS = [
     "description",
     "agent_tls",
     "ssh_username",
+    "ssh_python",
     "ssh_host_key_fingerprint",
 ]
 # Secrets are audited as "changed", never with their values.
@@ -163,6 +164,8 @@ def transport_for(host: Host) -> Transport:
                 passphrase=reveal(host.ssh_key_passphrase) or None,
                 host_key_fingerprint=host.ssh_host_key_fingerprint or None,
                 launch_style=_ssh_launch_style(host),
+                python=host.ssh_python or "python3",
+                remote_dir=settings.SSH_REMOTE_DIR,
                 connect_timeout=timeout,
                 command_timeout=max(timeout, 30.0),
             )
@@ -407,7 +410,7 @@ def poll_telemetry() -> int:
     now = timezone.now()
     hosts = [
         host
-        for host in Host.objects.prefetch_related("gpus", "deployments")
+        for host in Host.objects.prefetch_related("gpus", "deployments__gpus")
         if host.has_credentials
         and host.status not in (HostStatus.HOST_KEY, HostStatus.HOST_KEY_CHANGED)
         and (
@@ -475,10 +478,12 @@ def record_telemetry(host: Host, reading: dict, *, when: datetime | None = None)
         gpus = {g.uuid: g for g in Gpu.objects.filter(host=host)}  # not the prefetched list
         by_index = {g.index: g for g in gpus.values()}
     samples, live = [], []
+    holders: dict[int, set[int]] = {}  # GPU pk → pids of the processes using it
     for item in reading.get("gpus") or []:
         gpu = gpus.get(item.get("uuid")) or by_index.get(item.get("index"))
         if gpu is None:
             continue
+        holders[gpu.pk] = {p.get("pid") for p in item.get("processes") or []}
         samples.append(
             GpuSample(gpu=gpu, time=when, **{f: item.get(k) for f, k in SAMPLE_FIELDS.items()})
         )
@@ -495,7 +500,7 @@ def record_telemetry(host: Host, reading: dict, *, when: datetime | None = None)
             telemetry_source=(reading.get("source") or "")[:20],
             telemetry_note=(reading.get("note") or "")[:300],
         )
-        _engine_states(host, reading.get("engines") or {}, when)
+        _engine_states(host, reading.get("engines") or {}, when, holders)
     if host.status != HostStatus.ONLINE:
         _set_status(host, HostStatus.ONLINE)
     else:
@@ -546,11 +551,18 @@ def _live_point(gpu: Gpu, item: dict) -> dict:
     }
 
 
-def _engine_states(host: Host, engines: dict, when: datetime) -> None:
+def _engine_states(host: Host, engines: dict, when: datetime, holders: dict) -> None:
     for deployment in host.deployments.all():
         state = engines.get(deployment.name)
-        if state is None or deployment.active_operation() is not None:
-            continue  # unknown to the host, or an operation owns the status right now
+        if state is None:
+            continue  # not known to the host
+        # Which GPUs the engine really uses: those whose processes are the engine's.
+        pids = set(state.get("pids") or []) - {None}
+        used = sorted(pk for pk, procs in holders.items() if pids & procs)
+        if used and used != sorted(g.pk for g in deployment.gpus.all()):
+            deployment.gpus.set(used)
+        if deployment.active_operation() is not None:
+            continue  # an operation owns the status right now
         status = ENGINE_STATES.get(state.get("state"), DeploymentStatus.UNKNOWN)
         if status != deployment.status:
             Deployment.objects.filter(pk=deployment.pk).update(status=status, status_at=when)

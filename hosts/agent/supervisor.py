@@ -762,7 +762,14 @@ class Supervisor:
             if engine.config is None:
                 continue
             pid = engine.pid
-            out[engine.name] = {"state": engine.state, "pid": pid, "cpu_affinity": affinity(pid)}
+            out[engine.name] = {
+                "state": engine.state,
+                "pid": pid,
+                # The engine's workers hold the GPUs (vLLM's EngineCore, TP workers): the
+                # panel matches these against each GPU's processes to see which GPUs it uses.
+                "pids": _process_tree(pid),
+                "cpu_affinity": affinity(pid),
+            }
         return out
 
     def simulator_engines(self) -> list[dict]:
@@ -789,3 +796,12 @@ class Supervisor:
                 }
             )
         return found
+
+
+def _process_tree(pid: int | None) -> list[int]:
+    if pid is None:
+        return []
+    try:
+        return [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
+    except psutil.Error:
+        return [pid]

@@ -14,6 +14,7 @@ import time
 
 import httpx
 
+from hosts.engines.launch import LaunchConfig
 from hosts.transport.base import (
     ApplyOutcome,
     AuthError,
@@ -30,7 +31,8 @@ POLL_RETRIES = 3  # a network blip while polling must not lose track of a runnin
 
 class AgentTransport(Transport):
     """One host running ``python -m hosts.agent``. ``address`` may be a name, IPv4 or IPv6;
-    ``tls`` switches to HTTPS, verified against ``ca_cert`` (a PEM file) or the system CAs."""
+    ``tls`` switches to HTTPS, verified against ``ca_cert`` (PEM text or a PEM file) or the
+    system CAs."""
 
     kind = "agent"
 
@@ -52,9 +54,14 @@ class AgentTransport(Transport):
         verify: bool | ssl.SSLContext = True
         if tls and ca_cert:
             try:
-                verify = ssl.create_default_context(cafile=ca_cert)
+                # PEM text (as the panel stores it on the host) or a path to a PEM file.
+                pem = "-----BEGIN" in ca_cert
+                verify = ssl.create_default_context(
+                    cadata=ca_cert if pem else None, cafile=None if pem else ca_cert
+                )
             except (OSError, ssl.SSLError) as exc:
-                raise TransportError(f"cannot load the CA certificate {ca_cert}: {exc}") from None
+                shown = "(PEM text)" if pem else ca_cert
+                raise TransportError(f"cannot load the CA certificate {shown}: {exc}") from None
         self.timeout = timeout
         self._client = httpx.Client(
             base_url=f"{scheme}://{authority}",
@@ -140,13 +147,20 @@ class AgentTransport(Transport):
             }
         return payload
 
-    def apply_config(self, name, launch, *, previous, ready_timeout_s):
+    def apply_config(
+        self,
+        name: str,
+        launch: LaunchConfig,
+        *,
+        previous: LaunchConfig | None,
+        ready_timeout_s: float,
+    ) -> ApplyOutcome:
         # ``previous`` is not sent: the agent keeps the config that ran before and rolls back
         # to it by itself, which also covers a panel that never knew what ran there.
         body = {"config": launch.to_dict(), "ready_timeout_s": ready_timeout_s}
         return self._operate(name, "apply", body, ready_timeout_s)
 
-    def restart_engine(self, name, *, ready_timeout_s):
+    def restart_engine(self, name: str, *, ready_timeout_s: float) -> ApplyOutcome:
         return self._operate(name, "restart", {"ready_timeout_s": ready_timeout_s}, ready_timeout_s)
 
     def _operate(self, name: str, verb: str, body: dict, ready_timeout_s: float) -> ApplyOutcome:

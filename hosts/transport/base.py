@@ -107,7 +107,9 @@ class Transport(ABC):
         "missing": [names of the fields above the driver did not report]}],
         "host": {"cpu_percent", "load_avg": [1, 5, 15], "memory_total_bytes",
         "memory_used_bytes"},
-        "engines": {name: {"state", "pid", "cpu_affinity": [ints] | None}}}``.
+        "engines": {name: {"state", "pid", "pids": [the engine's process tree],
+        "cpu_affinity": [ints] | None}}}`` (``pids`` lets the panel see which GPUs an engine
+        holds: those whose ``processes`` include one of them).
         A metric the driver does not support is None and listed in ``missing``."""
 
     @abstractmethod

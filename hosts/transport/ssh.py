@@ -313,7 +313,11 @@ sys.stdout.buffer.write(body)
 """
 
 
-class _PortTaken(TransportError):
+class _CommandFailed(TransportError):
+    """A command ran on the host and failed (the connection itself is fine)."""
+
+
+class _PortTaken(_CommandFailed):
     """The engine's port answers before the engine is started."""
 
 
@@ -377,6 +381,13 @@ def _probe_host(listen: str) -> str:
     return listen
 
 
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
 def _lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
@@ -389,11 +400,15 @@ class SshTransport(Transport):
     the database, never a path); ``host_key_fingerprint`` the accepted ``SHA256:…`` or None.
 
     ``remote_dir`` holds one directory per engine (a leading ``~/`` is the login's home).
-    ``workdir`` is the working directory of "process" engines (default: their own directory);
-    the simulator needs the panel's checkout there so ``python -m hosts.simulator`` imports.
-    ``python`` is the interpreter launch configs are rendered with. ``nvidia_smi``,
-    ``systemctl``, ``journalctl`` and ``docker`` name the host's programs (absolute paths
-    where PATH differs, stand-ins in tests); ``unit_dir`` is where systemd units go.
+    ``python`` is the interpreter launch configs are rendered with: for simulated engines, one
+    the panel is installed into, so ``python -m hosts.simulator`` imports from anywhere.
+    ``workdir`` is the working directory of "process" engines (default: their own
+    directory), for hosts where the panel is a plain checkout instead (``-m`` imports from the
+    working directory; PYTHONPATH is not an allowed engine variable).
+    ``nvidia_smi``, ``systemctl``, ``journalctl`` and ``docker`` are the host's programs
+    (absolute paths where PATH differs; stand-ins in tests), the last three as argv prefixes
+    (``["systemctl", "--user"]``); ``unit_dir`` is where systemd units are written (over SFTP,
+    so the login must be allowed to write there: root, or a user unit directory).
     """
 
     kind = "ssh"
@@ -439,8 +454,14 @@ class SshTransport(Transport):
             *((f"journalctl[{i}]", v) for i, v in enumerate(journalctl)),
             *((f"docker[{i}]", v) for i, v in enumerate(docker)),
         ):
-            if value is not None and (not _SAFE_WORD.match(value) or value.startswith("-")):
+            # Options of a prefix (systemctl --user) may start with "-"; nothing else may.
+            flag_ok = what[-1] == "]" and not what.endswith("[0]")
+            if value is not None and (
+                not _SAFE_WORD.match(value) or (value.startswith("-") and not flag_ok)
+            ):
                 raise TransportError(f"SSH transport option {what}={value!r} is not allowed")
+        if not (systemctl and journalctl and docker):
+            raise TransportError("systemctl, journalctl and docker need a program name")
         if not (remote_dir.startswith("/") or remote_dir.startswith("~/")):
             raise TransportError("remote_dir must be absolute or start with ~/")
         self.address, self.port, self.username = address, int(port), username
@@ -533,7 +554,6 @@ class SshTransport(Transport):
         command: str,
         *,
         timeout: float | None = None,
-        stdin: bytes | None = None,
         what: str = "a command",
     ) -> Result:
         """Run one command line; (exit status, stdout, stderr). Its whole run is bounded."""
@@ -549,9 +569,7 @@ class SshTransport(Transport):
         err: list[bytes] = []
         try:
             chan.exec_command(command)
-            if stdin:
-                chan.sendall(stdin)
-            chan.shutdown_write()
+            chan.shutdown_write()  # nothing is ever sent on stdin
             while True:
                 if chan.recv_ready():
                     out.append(chan.recv(65536))
@@ -587,7 +605,7 @@ class SshTransport(Transport):
     def _check(self, command: str, what: str, **kwargs) -> Result:
         result = self._exec(command, what=what, **kwargs)
         if result.rc != 0:
-            raise TransportError(
+            raise _CommandFailed(
                 f"{what} on {self.where} failed (exit {result.rc}): {result.text()[-500:]}"
             )
         return result
@@ -614,10 +632,8 @@ class SshTransport(Transport):
                 f.write(data.encode("utf-8"))
             sftp.posix_rename(tmp, path)
         except (OSError, paramiko.SSHException, EOFError) as exc:
-            try:
+            with contextlib.suppress(OSError, paramiko.SSHException, EOFError):
                 sftp.remove(tmp)
-            except (OSError, paramiko.SSHException, EOFError):
-                pass
             raise TransportError(f"cannot write {path} on {self.where}: {exc}") from None
 
     def _write_json(self, path: str, value: dict) -> None:
@@ -752,16 +768,11 @@ class SshTransport(Transport):
         return f"llm-{check_engine_name(name)}"
 
     def _docker_argv(self, argv: list[str]) -> list[str]:
-        """render_docker's argv with our docker program in front; ``-d`` so that ``docker run``
-        returns once the container is started (we poll it, we do not stream it)."""
-        argv = list(argv)
-        if argv and argv[0] == "docker":
-            argv = argv[1:]
-        if argv[:1] != ["run"]:
+        """render_docker's ``docker run -d …`` with our docker program in front. Detached is
+        part of the contract: the transport polls the container, it does not stream it."""
+        if argv[:3] != ["docker", "run", "-d"]:
             raise TransportError(f"render_docker returned an unexpected command: {argv[:3]}")
-        if not {"-d", "--detach"} & set(argv[: argv.index("--name") if "--name" in argv else 3]):
-            argv.insert(1, "-d")
-        return [*self.docker, *argv]
+        return [*self.docker, *argv[1:]]
 
     def _start(self, name: str, rendered: dict) -> dict:
         """Start the engine (whatever ran under that name is stopped first); its state.json."""
@@ -837,21 +848,20 @@ class SshTransport(Transport):
             result = self._exec(command, what=f"systemctl show {self._unit(name)}")
             props = dict(line.split("=", 1) for line in result.out.splitlines() if "=" in line)
             active = props.get("ActiveState", "inactive")
-            pid = int(props.get("MainPID", "0") or 0) or None
-            code = props.get("ExecMainStatus", "")
-            exit_code = int(code) if code.lstrip("-").isdigit() else None
+            pid = _int_or_none(props.get("MainPID")) or None
+            exit_code = _int_or_none(props.get("ExecMainStatus"))
             if active in ("active", "activating", "reloading"):
                 return {"alive": True, "pid": pid, "exit_code": None, "state": "running"}
-            failed = active == "failed" or (exit_code not in (None, 0) and files.state)
+            failed = active == "failed" or (exit_code not in (None, 0) and bool(files.state))
             state = "failed" if failed else "stopped"
             return {"alive": False, "pid": None, "exit_code": exit_code, "state": state}
         template = "{{.State.Status}} {{.State.Pid}} {{.State.ExitCode}}"
         command = shlex.join([*self.docker, "inspect", "-f", template, self._container(name)])
         result = self._exec(command, what=f"docker inspect {self._container(name)}")
         parts = result.out.split()
-        if result.rc != 0 or len(parts) < 3:
+        if result.rc != 0 or len(parts) != 3:
             return {"alive": False, "pid": None, "exit_code": None, "state": "stopped"}
-        status, pid, code = parts[0], int(parts[1]) or None, int(parts[2])
+        status, pid, code = parts[0], _int_or_none(parts[1]) or None, _int_or_none(parts[2])
         if status in ("running", "restarting", "created"):
             return {"alive": True, "pid": pid, "exit_code": None, "state": "running"}
         state = "failed" if status == "dead" or code != 0 else "stopped"
@@ -923,7 +933,9 @@ class SshTransport(Transport):
         started = time.monotonic()
         try:
             state = self._start(name, rendered)
-        except _PortTaken as exc:
+        except _CommandFailed as exc:
+            # Not started (the port is taken, a start command failed): the caller may still
+            # roll back. A broken connection is raised instead: nothing can be done over it.
             return False, str(exc), []
         ready, error = self._wait_ready(name, rendered["launch"], timeout)
         if ready:

@@ -67,24 +67,47 @@ def test_image_files_exist(name):
     assert (ROOT / name).is_file()
 
 
-def test_simulated_engine_service_runs_natively(tmp_path):
+def test_simulated_agent_service_runs_natively(tmp_path):
+    """The sim-agent service's command (its shell wrapper and the agent), run here: the
+    agent answers with its token, and refuses without it."""
+    import os
+    import shlex
+    import sys
+
     import httpx
 
     from tests.conftest import free_port
-    from tests.integration.processes import Process, compose_command, wait_until
+    from tests.integration.processes import COMPOSE, Process, wait_until
 
-    cmd = compose_command("sim-vllm")
+    command = COMPOSE["services"]["sim-agent"]["command"]
+    assert command[:2] == ["sh", "-c"]
     port = free_port()
-    cmd[cmd.index("--port") + 1] = str(port)
-    process = Process("sim-vllm", [*cmd, "--host", "127.0.0.1"], {}, tmp_path)
+    secret = tmp_path / "agent_token"
+    secret.write_text("compose-token\n")
+    secret.chmod(0o644)  # as Docker mounts it
+    line = (
+        command[2]
+        .replace("/run/secrets/agent_token", str(secret))
+        .replace("/tmp/agent-token", str(tmp_path / "private-token"))
+        .replace("/tmp/agent-state", str(tmp_path / "state"))
+        .replace("0.0.0.0:9100", f"127.0.0.1:{port}")
+        .replace("exec python ", f"exec {shlex.quote(sys.executable)} ")
+    )
+    process = Process("sim-agent", ["sh", "-c", line], dict(os.environ), tmp_path)
     try:
 
-        def healthy():
+        def answers():
             try:
-                return httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+                return httpx.get(
+                    f"http://127.0.0.1:{port}/v1/info",
+                    headers={"Authorization": "Bearer compose-token"},
+                ).json()
             except httpx.TransportError:
-                return False
+                return None
 
-        wait_until(healthy, 30, lambda: process.output())
+        info = wait_until(answers, 30, lambda: process.output())
+        assert info["telemetry_source"] == "simulator"
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/info").status_code == 401
+        assert oct((tmp_path / "private-token").stat().st_mode)[-3:] == "600"
     finally:
         process.stop()

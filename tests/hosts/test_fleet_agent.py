@@ -85,6 +85,8 @@ def test_apply_rollback_restart_and_telemetry(fleet, operator):
     gpu0 = Gpu.objects.get(host=host, index=0)
     assert GpuSample.objects.filter(gpu=gpu0).count() == 1
     assert gpu0.last_sample["memory_used_bytes"] > 60 * 2**30
+    # The engine's processes hold GPU0 only: the deployment now knows its GPUs.
+    assert list(deployment.gpus.all()) == [gpu0]
 
     # A config the engine cannot start with → rolled back, the error on the record.
     bad = EngineConfig.objects.create_next(deployment, {"gpu_memory_utilization": 0.1})

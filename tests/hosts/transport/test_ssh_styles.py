@@ -16,13 +16,15 @@ import json
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from hosts.engines.launch import LaunchConfig, render_docker, render_systemd
+from hosts.transport.base import TransportError
 from tests.conftest import free_port
-from tests.hosts.simulator.conftest import SimServer
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 JOURNAL = [
@@ -51,7 +53,9 @@ answer = json.load(open({str(self.answers)!r})).get(args[0] if args else "", {{}
 sys.stdout.write(answer.get("out", ""))
 sys.exit(answer.get("rc", 0))
 """
-        self.path.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -c {shlex.quote(program)} \"$@\"\n")
+        self.path.write_text(
+            f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -c {shlex.quote(program)} "$@"\n'
+        )
         self.path.chmod(0o755)
 
     def answer(self, command: str, out: str = "", rc: int = 0) -> None:
@@ -67,26 +71,46 @@ sys.exit(answer.get("rc", 0))
 
 @pytest.fixture
 def sim_on_port():
-    servers: list[SimServer] = []
+    """Start the simulator on a given port, in place of the engine systemd or docker would run
+    (the stand-ins cannot start anything)."""
+    procs: list[subprocess.Popen] = []
 
     def start(port: int) -> None:
-        server = SimServer("vllm", ["--startup-seconds", "0"])
-        server.port, server.url = port, f"http://127.0.0.1:{port}"
-        servers.append(server)
-        # SimServer picked its own port at construction; restart it on ours.
-        server.proc.kill()
-        server.proc.wait()
-        server.proc = subprocess.Popen(
-            [*server.proc.args[:-4], "--port", str(port), "--startup-seconds", "0"],
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hosts.simulator", "vllm", LLAMA, "--host", "127.0.0.1"]
+            + ["--port", str(port), "--startup-seconds", "0"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            cwd=Path(__file__).resolve().parents[3],
         )
-        server.wait_ready()
+        procs.append(proc)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, "the simulator exited"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError("the simulator never answered")
 
     yield start
-    for server in servers:
-        server.stop()
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def start_engine_after_transport_start(transport, start, port):
+    """The stand-in cannot start the engine, so the test does, right after the transport's own
+    start step (after its check that the port is free)."""
+    original = transport._start
+
+    def start_then_answer(name, rendered):
+        state = original(name, rendered)
+        start(port)
+        return state
+
+    transport._start = start_then_answer
 
 
 def simulated(port: int, **overrides) -> LaunchConfig:
@@ -148,8 +172,13 @@ def test_systemd_writes_the_rendered_unit_and_env_file_and_restarts_the_unit(sys
         config.validated().to_dict()
     )
     calls = systemctl.argvs()
-    assert calls[:2] == [["daemon-reload"], ["restart", "llm-llama.service"]]
-    assert calls[2][0] == "show" and calls[2][-1] == "llm-llama.service"
+    # Whatever ran under the name is stopped first, then the new unit is loaded and started.
+    assert calls[:3] == [
+        ["stop", "llm-llama.service"],
+        ["daemon-reload"],
+        ["restart", "llm-llama.service"],
+    ]
+    assert calls[3][0] == "show" and calls[3][-1] == "llm-llama.service"
     assert calls[-1] == ["stop", "llm-llama.service"]  # a failed unit is stopped again
     assert journalctl.argvs()[0] == [
         "-u",
@@ -169,9 +198,22 @@ def test_systemd_writes_the_rendered_unit_and_env_file_and_restarts_the_unit(sys
 def test_systemd_ready_when_the_unit_is_active_and_its_port_answers(systemd_host, sim_on_port):
     transport, systemctl, _, _, _ = systemd_host
     port = free_port()
-    sim_on_port(port)  # stands in for the process systemd would have started
     systemctl.answer("show", show("active", pid=4242))
-    # The port answers before the "start": the transport must notice it is taken...
+    start_engine_after_transport_start(transport, sim_on_port, port)
+    outcome = transport.apply_config("llama", simulated(port), previous=None, ready_timeout_s=30)
+    assert outcome.state == "ready", outcome
+    status = transport.engine_status("llama")
+    assert status["state"] == "ready" and status["pid"] == 4242
+    assert transport.telemetry()["engines"]["llama"]["state"] == "ready"
+    transport.stop_engine("llama")
+    assert systemctl.argvs()[-1] == ["stop", "llm-llama.service"]
+
+
+def test_a_port_another_program_answers_on_is_not_taken_for_the_engine(systemd_host, sim_on_port):
+    transport, systemctl, _, _, _ = systemd_host
+    port = free_port()
+    sim_on_port(port)  # someone else's server, there before the apply
+    systemctl.answer("show", show("active", pid=4242))
     outcome = transport.apply_config("llama", simulated(port), previous=None, ready_timeout_s=5)
     assert outcome.state == "failed" and "in use by another program" in outcome.error
     assert ["restart", "llm-llama.service"] not in systemctl.argvs()
@@ -219,15 +261,13 @@ def test_docker_runs_the_rendered_command_and_reads_the_container_state(docker_h
 
     outcome = transport.apply_config("llama", config, previous=None, ready_timeout_s=5)
 
-    expected = render_docker(
-        config.validated(), name="llm-llama", image="vllm/vllm-openai:v0.11.0"
-    )
+    expected = render_docker(config.validated(), name="llm-llama", image="vllm/vllm-openai:v0.11.0")
     calls = docker.argvs()
-    assert calls[0] == ["rm", "-f", "llm-llama"]
-    assert calls[1] == expected[1:]  # exactly render_docker's argv, after our docker program
-    assert calls[1][:2] == ["run", "-d"]
+    assert calls[:2] == [["stop", "-t", "5", "llm-llama"], ["rm", "-f", "llm-llama"]]
+    assert calls[2] == expected[1:]  # exactly render_docker's argv, after our docker program
+    assert calls[2][:2] == ["run", "-d"]
     inspect = ["inspect", "-f", "{{.State.Status}} {{.State.Pid}} {{.State.ExitCode}}"]
-    assert calls[2] == [*inspect, "llm-llama"]
+    assert calls[3] == [*inspect, "llm-llama"]
     assert ["logs", "--tail", "50", "llm-llama"] in calls
     assert calls[-1] == ["stop", "-t", "5", "llm-llama"]
     assert outcome.state == "failed" and "exit status 1" in outcome.error
@@ -235,20 +275,14 @@ def test_docker_runs_the_rendered_command_and_reads_the_container_state(docker_h
     assert json.loads((remote / "llama" / "config.json").read_text())["runner"] == "engine"
 
 
-def test_docker_ready_when_the_container_runs_and_answers(docker_host, make_ssh, sim_on_port):
+def test_docker_ready_when_the_container_runs_and_answers(docker_host, sim_on_port):
     transport, docker, _ = docker_host
     port = free_port()
     docker.answer("inspect", "running 4242 0\n")
-    # Started only once the "container" is: the stand-in docker cannot start one itself.
-    original = transport._start
-
-    def start_then_answer(name, rendered):
-        state = original(name, rendered)
-        sim_on_port(port)
-        return state
-
-    transport._start = start_then_answer
-    outcome = transport.apply_config("llama", engine_config(port), previous=None, ready_timeout_s=30)
+    start_engine_after_transport_start(transport, sim_on_port, port)
+    outcome = transport.apply_config(
+        "llama", engine_config(port), previous=None, ready_timeout_s=30
+    )
     assert outcome.state == "ready", outcome
     status = transport.engine_status("llama")
     assert status["state"] == "ready" and status["pid"] == 4242
@@ -256,6 +290,6 @@ def test_docker_ready_when_the_container_runs_and_answers(docker_host, make_ssh,
 
 def test_docker_refuses_the_simulator_runner_before_anything_is_sent(docker_host):
     transport, docker, _ = docker_host
-    with pytest.raises(Exception, match="the simulator runs as a process"):
+    with pytest.raises(TransportError, match="the simulator runs as a process"):
         transport.apply_config("llama", simulated(8000), previous=None, ready_timeout_s=5)
     assert docker.argvs() == []

@@ -1,0 +1,111 @@
+"""Production processes operating a real host agent: the worker (from docker-compose.yml)
+applies a config through the agent, beat's once-a-second poll fills GPU samples in
+PostgreSQL, and the retention sweep folds and forgets them there."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from cryptography.fernet import Fernet
+from django.utils import timezone
+
+from hosts import services
+from hosts.models import Deployment, EngineConfig, EngineOperation, GpuSample, GpuSampleMinute
+from tests.conftest import free_port
+from tests.factories import make_host
+from tests.hosts.agent.conftest import LLAMA, AgentProcess
+from tests.integration.processes import compose_command, wait_until
+from tests.integration.test_production_processes import production_env, start  # noqa: F401
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+def host_state(host) -> str:
+    host.refresh_from_db()
+    return f"host {host.status} {host.last_error!r} polled {host.last_poll_at}"
+
+
+@pytest.fixture
+def shared_key(settings, production_env):  # noqa: F811
+    """The worker must read the token this process stored: one encryption key for both."""
+    key = Fernet.generate_key().decode()
+    settings.PANEL_ENCRYPTION_KEYS = [key]
+    production_env["PANEL_ENCRYPTION_KEY"] = key
+    production_env["TELEMETRY_INTERVAL_SECONDS"] = "1"
+    production_env["ENGINE_READY_TIMEOUT_SECONDS"] = "60"
+    return key
+
+
+def test_worker_applies_through_the_agent_and_beat_polls_into_postgres(
+    production_env,  # noqa: F811
+    start,  # noqa: F811
+    shared_key,
+    tmp_path,
+    postgres,
+):
+    (tmp_path / "agent-home").mkdir()
+    agent = AgentProcess(tmp_path / "agent-home", "--simulate", "h100-sxm:1")
+    agent.start()
+    try:
+        host = make_host(name="pg-agent", port=agent.port, agent_token=agent.token)
+        deployment = Deployment.objects.create(
+            host=host,
+            name="llama",
+            engine="vllm",
+            engine_version="0.11.0",
+            model=LLAMA,
+            port=free_port(),
+            runner="simulator",
+            simulator={"gpu": "h100-sxm", "startup_seconds": 0.3},
+        )
+        config = EngineConfig.objects.create_next(deployment, {"max_model_len": 8192})
+        operation = EngineOperation.objects.create(
+            deployment=deployment, kind="apply", config=config
+        )
+        worker = start("worker", compose_command("worker"), production_env)
+        worker.wait_for_output("ready.", timeout=60)
+        Celery(broker=production_env["REDIS_URL"]).send_task(
+            "hosts.tasks.apply_config", args=[operation.pk]
+        )
+
+        def finished():
+            operation.refresh_from_db()
+            return operation.is_finished
+
+        wait_until(finished, 60, lambda: worker.output()[-3000:])
+        assert operation.outcome == "ready", (operation.error, operation.engine_log)
+        deployment.refresh_from_db()
+        assert deployment.active_config == config and deployment.status == "running"
+
+        var = production_env["VAR_DIR"]
+        Path(var).mkdir(parents=True, exist_ok=True)
+        cmd = [part.replace("/var/lib/controlpanel", var) for part in compose_command("beat")]
+        beat = start("beat", cmd, production_env)
+        wait_until(
+            lambda: GpuSample.objects.filter(gpu__host=host).count() >= 3,
+            40,
+            lambda: f"{host_state(host)}\n" + beat.output()[-2000:] + worker.output()[-2000:],
+        )
+        host.refresh_from_db()
+        assert host.status == "online" and host.telemetry_source == "simulator"
+        sample = GpuSample.objects.filter(gpu__host=host).latest("time")
+        assert sample.memory_used_bytes > 60 * 2**30  # the engine's reservation
+    finally:
+        agent.stop()
+
+    # Retention on PostgreSQL: samples older than the raw window fold into minutes.
+    gpu = host.gpus.get()
+    old = timezone.now() - timedelta(hours=2)
+    GpuSample.objects.bulk_create(
+        [
+            GpuSample(gpu=gpu, time=old + timedelta(seconds=s), utilization_pct=s, power_w=100)
+            for s in range(0, 60, 5)
+        ]
+    )
+    services.downsample_telemetry()
+    minute = GpuSampleMinute.objects.get(gpu=gpu, minute=old.replace(second=0, microsecond=0))
+    assert minute.samples == sum(1 for s in range(0, 60, 5) if (old.second + s) < 60)
+    assert not GpuSample.objects.filter(time__lt=timezone.now() - timedelta(hours=1)).exists()
