@@ -11,274 +11,480 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('hosts', '0001_initial'),
+        ("hosts", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='host',
-            options={'ordering': ['name'], 'permissions': [('accept_host_key', "Can accept a host's SSH key")]},
+            name="host",
+            options={
+                "ordering": ["name"],
+                "permissions": [("accept_host_key", "Can accept a host's SSH key")],
+            },
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='docker_image',
-            field=models.CharField(blank=True, help_text="Empty: the engine's official image.", max_length=200),
+            model_name="deployment",
+            name="docker_image",
+            field=models.CharField(
+                blank=True, help_text="Empty: the engine's official image.", max_length=200
+            ),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='launch_style',
-            field=models.CharField(choices=[('process', 'Process (agent-supervised, or detached over SSH)'), ('docker', 'docker run'), ('systemd', 'systemd unit')], default='process', max_length=16),
+            model_name="deployment",
+            name="launch_style",
+            field=models.CharField(
+                choices=[
+                    ("process", "Process (agent-supervised, or detached over SSH)"),
+                    ("docker", "docker run"),
+                    ("systemd", "systemd unit"),
+                ],
+                default="process",
+                max_length=16,
+            ),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='runner',
-            field=models.CharField(choices=[('engine', 'The real engine'), ('simulator', 'The simulator (demo, tests)')], default='engine', help_text='The simulator stands in for the engine on machines without GPUs.', max_length=16),
+            model_name="deployment",
+            name="runner",
+            field=models.CharField(
+                choices=[
+                    ("engine", "The real engine"),
+                    ("simulator", "The simulator (demo, tests)"),
+                ],
+                default="engine",
+                help_text="The simulator stands in for the engine on machines without GPUs.",
+                max_length=16,
+            ),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='simulator',
-            field=models.JSONField(blank=True, default=dict, help_text='Simulator options: gpu, num_gpus, startup_seconds.'),
+            model_name="deployment",
+            name="simulator",
+            field=models.JSONField(
+                blank=True,
+                default=dict,
+                help_text="Simulator options: gpu, num_gpus, startup_seconds.",
+            ),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='status_at',
+            model_name="deployment",
+            name="status_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='status_detail',
+            model_name="deployment",
+            name="status_detail",
             field=models.CharField(blank=True, max_length=500),
         ),
         migrations.AddField(
-            model_name='engineconfig',
-            name='env',
-            field=models.JSONField(blank=True, default=dict, help_text='Environment variables (CUDA_VISIBLE_DEVICES, VLLM_*).'),
+            model_name="engineconfig",
+            name="env",
+            field=models.JSONField(
+                blank=True,
+                default=dict,
+                help_text="Environment variables (CUDA_VISIBLE_DEVICES, VLLM_*).",
+            ),
         ),
         migrations.AddField(
-            model_name='engineconfig',
-            name='placement',
-            field=models.JSONField(blank=True, default=dict, help_text='CPU placement: {numa_node, cpus}.'),
+            model_name="engineconfig",
+            name="placement",
+            field=models.JSONField(
+                blank=True, default=dict, help_text="CPU placement: {numa_node, cpus}."
+            ),
         ),
         migrations.AddField(
-            model_name='gpu',
-            name='cpu_affinity',
-            field=models.CharField(blank=True, help_text='CPUs close to the GPU, e.g. 0-15,32-47.', max_length=200),
+            model_name="gpu",
+            name="cpu_affinity",
+            field=models.CharField(
+                blank=True, help_text="CPUs close to the GPU, e.g. 0-15,32-47.", max_length=200
+            ),
         ),
         migrations.AddField(
-            model_name='gpu',
-            name='last_sample',
+            model_name="gpu",
+            name="last_sample",
             field=models.JSONField(blank=True, default=dict),
         ),
         migrations.AddField(
-            model_name='gpu',
-            name='last_sample_at',
+            model_name="gpu",
+            name="last_sample_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='host',
-            name='agent_ca_cert',
-            field=models.TextField(blank=True, help_text="PEM certificate(s) to verify the agent's TLS certificate."),
+            model_name="host",
+            name="agent_ca_cert",
+            field=models.TextField(
+                blank=True, help_text="PEM certificate(s) to verify the agent's TLS certificate."
+            ),
         ),
         migrations.AddField(
-            model_name='host',
-            name='agent_tls',
-            field=models.BooleanField(default=False, help_text='The agent serves HTTPS.'),
+            model_name="host",
+            name="agent_tls",
+            field=models.BooleanField(default=False, help_text="The agent serves HTTPS."),
         ),
         migrations.AddField(
-            model_name='host',
-            name='agent_token',
-            field=controlpanel.crypto.EncryptedTextField(blank=True, help_text='Bearer token of the host agent.'),
+            model_name="host",
+            name="agent_token",
+            field=controlpanel.crypto.EncryptedTextField(
+                blank=True, help_text="Bearer token of the host agent."
+            ),
         ),
         migrations.AddField(
-            model_name='host',
-            name='agent_version',
+            model_name="host",
+            name="agent_version",
             field=models.CharField(blank=True, max_length=40),
         ),
         migrations.AddField(
-            model_name='host',
-            name='cpu_count',
+            model_name="host",
+            name="cpu_count",
             field=models.PositiveIntegerField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='host',
-            name='cpu_model',
+            model_name="host",
+            name="cpu_model",
             field=models.CharField(blank=True, max_length=200),
         ),
         migrations.AddField(
-            model_name='host',
-            name='cuda_version',
+            model_name="host",
+            name="cuda_version",
             field=models.CharField(blank=True, max_length=40),
         ),
         migrations.AddField(
-            model_name='host',
-            name='driver_version',
+            model_name="host",
+            name="driver_version",
             field=models.CharField(blank=True, max_length=40),
         ),
         migrations.AddField(
-            model_name='host',
-            name='host_readings',
-            field=models.JSONField(blank=True, default=dict, help_text='Last CPU/load/memory reading of the host.'),
+            model_name="host",
+            name="host_readings",
+            field=models.JSONField(
+                blank=True, default=dict, help_text="Last CPU/load/memory reading of the host."
+            ),
         ),
         migrations.AddField(
-            model_name='host',
-            name='hostname',
+            model_name="host",
+            name="hostname",
             field=models.CharField(blank=True, max_length=255),
         ),
         migrations.AddField(
-            model_name='host',
-            name='inventory_at',
+            model_name="host",
+            name="inventory_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='host',
-            name='last_error',
+            model_name="host",
+            name="last_error",
             field=models.CharField(blank=True, max_length=500),
         ),
         migrations.AddField(
-            model_name='host',
-            name='last_poll_at',
+            model_name="host",
+            name="last_poll_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='host',
-            name='last_seen_at',
+            model_name="host",
+            name="last_seen_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='host',
-            name='memory_total_bytes',
+            model_name="host",
+            name="memory_total_bytes",
             field=models.PositiveBigIntegerField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='host',
-            name='numa_nodes',
-            field=models.JSONField(blank=True, default=list, help_text='[{node, cpus}]'),
+            model_name="host",
+            name="numa_nodes",
+            field=models.JSONField(blank=True, default=list, help_text="[{node, cpus}]"),
         ),
         migrations.AddField(
-            model_name='host',
-            name='ssh_host_key_fingerprint',
-            field=models.CharField(blank=True, help_text='The accepted host key (SHA256:…); any other key is refused.', max_length=60, validators=[hosts.models.validate_fingerprint]),
+            model_name="host",
+            name="ssh_host_key_fingerprint",
+            field=models.CharField(
+                blank=True,
+                help_text="The accepted host key (SHA256:…); any other key is refused.",
+                max_length=60,
+                validators=[hosts.models.validate_fingerprint],
+            ),
         ),
         migrations.AddField(
-            model_name='host',
-            name='ssh_key_passphrase',
+            model_name="host",
+            name="ssh_key_passphrase",
             field=controlpanel.crypto.EncryptedTextField(blank=True),
         ),
         migrations.AddField(
-            model_name='host',
-            name='ssh_offered_fingerprint',
-            field=models.CharField(blank=True, help_text='The key the host presented at first contact (or when it changed).', max_length=60),
+            model_name="host",
+            name="ssh_offered_fingerprint",
+            field=models.CharField(
+                blank=True,
+                help_text="The key the host presented at first contact (or when it changed).",
+                max_length=60,
+            ),
         ),
         migrations.AddField(
-            model_name='host',
-            name='ssh_offered_key_type',
+            model_name="host",
+            name="ssh_offered_key_type",
             field=models.CharField(blank=True, max_length=40),
         ),
         migrations.AddField(
-            model_name='host',
-            name='ssh_private_key',
-            field=controlpanel.crypto.EncryptedTextField(blank=True, help_text='OpenSSH/PEM private key, or file:/path/to/key on the worker machines.'),
+            model_name="host",
+            name="ssh_private_key",
+            field=controlpanel.crypto.EncryptedTextField(
+                blank=True,
+                help_text="OpenSSH/PEM private key, or file:/path/to/key on the worker machines.",
+            ),
         ),
         migrations.AddField(
-            model_name='host',
-            name='ssh_python',
-            field=models.CharField(blank=True, default='python3', help_text='Python on the host for SGLang and the simulator (an absolute path for a virtualenv).', max_length=200, validators=[django.core.validators.RegexValidator('^(/[A-Za-z0-9._+-]+)+$|^python3?(\\.[0-9]+)?$', 'A python name (python3) or an absolute path.')]),
+            model_name="host",
+            name="ssh_python",
+            field=models.CharField(
+                blank=True,
+                default="python3",
+                help_text="Python on the host for SGLang and the simulator (an absolute path for a virtualenv).",
+                max_length=200,
+                validators=[
+                    django.core.validators.RegexValidator(
+                        "^(/[A-Za-z0-9._+-]+)+$|^python3?(\\.[0-9]+)?$",
+                        "A python name (python3) or an absolute path.",
+                    )
+                ],
+            ),
         ),
         migrations.AddField(
-            model_name='host',
-            name='ssh_username',
-            field=models.CharField(blank=True, max_length=32, validators=[hosts.models.validate_ssh_username]),
+            model_name="host",
+            name="ssh_username",
+            field=models.CharField(
+                blank=True, max_length=32, validators=[hosts.models.validate_ssh_username]
+            ),
         ),
         migrations.AddField(
-            model_name='host',
-            name='status',
-            field=models.CharField(choices=[('unknown', 'Not contacted yet'), ('online', 'Online'), ('unreachable', 'Unreachable'), ('auth_failed', 'Credentials refused'), ('host_key', 'Host key to accept'), ('host_key_changed', 'Host key changed'), ('error', 'Error')], default='unknown', max_length=20),
+            model_name="host",
+            name="status",
+            field=models.CharField(
+                choices=[
+                    ("unknown", "Not contacted yet"),
+                    ("online", "Online"),
+                    ("unreachable", "Unreachable"),
+                    ("auth_failed", "Credentials refused"),
+                    ("host_key", "Host key to accept"),
+                    ("host_key_changed", "Host key changed"),
+                    ("error", "Error"),
+                ],
+                default="unknown",
+                max_length=20,
+            ),
         ),
         migrations.AddField(
-            model_name='host',
-            name='telemetry_note',
+            model_name="host",
+            name="telemetry_note",
             field=models.CharField(blank=True, max_length=300),
         ),
         migrations.AddField(
-            model_name='host',
-            name='telemetry_source',
+            model_name="host",
+            name="telemetry_source",
             field=models.CharField(blank=True, max_length=20),
         ),
         migrations.AlterField(
-            model_name='deployment',
-            name='name',
-            field=models.CharField(max_length=63, validators=[django.core.validators.RegexValidator(re.compile('^[a-z0-9][a-z0-9-]{0,62}$'), "Lower-case letters, digits and '-' (a unit/container name).")]),
+            model_name="deployment",
+            name="name",
+            field=models.CharField(
+                max_length=63,
+                validators=[
+                    django.core.validators.RegexValidator(
+                        re.compile("^[a-z0-9][a-z0-9-]{0,62}$"),
+                        "Lower-case letters, digits and '-' (a unit/container name).",
+                    )
+                ],
+            ),
         ),
         migrations.CreateModel(
-            name='EngineOperation',
+            name="EngineOperation",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('cancelled', 'Cancelled')], db_index=True, default='queued', max_length=16)),
-                ('created_at', models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('log', models.TextField(blank=True)),
-                ('error', models.TextField(blank=True)),
-                ('kind', models.CharField(choices=[('apply', 'Apply config'), ('restart', 'Restart engine'), ('stop', 'Stop engine')], max_length=16)),
-                ('outcome', models.CharField(blank=True, choices=[('ready', 'Ready'), ('rolled_back', 'Rolled back'), ('failed', 'Failed')], max_length=16)),
-                ('engine_log', models.TextField(blank=True, help_text="The engine's own last output lines.")),
-                ('config', models.ForeignKey(blank=True, help_text='The config being applied (restart: the one that was running).', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='operations', to='hosts.engineconfig')),
-                ('deployment', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='operations', to='hosts.deployment')),
-                ('previous_config', models.ForeignKey(blank=True, help_text='The last good config, to roll back to.', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='hosts.engineconfig')),
-                ('requested_by', models.ForeignKey(blank=True, help_text='Empty when the scheduler started it.', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        db_index=True,
+                        default="queued",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "created_at",
+                    models.DateTimeField(db_index=True, default=django.utils.timezone.now),
+                ),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("log", models.TextField(blank=True)),
+                ("error", models.TextField(blank=True)),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("apply", "Apply config"),
+                            ("restart", "Restart engine"),
+                            ("stop", "Stop engine"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "outcome",
+                    models.CharField(
+                        blank=True,
+                        choices=[
+                            ("ready", "Ready"),
+                            ("rolled_back", "Rolled back"),
+                            ("failed", "Failed"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "engine_log",
+                    models.TextField(blank=True, help_text="The engine's own last output lines."),
+                ),
+                (
+                    "config",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="The config being applied (restart: the one that was running).",
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="operations",
+                        to="hosts.engineconfig",
+                    ),
+                ),
+                (
+                    "deployment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="operations",
+                        to="hosts.deployment",
+                    ),
+                ),
+                (
+                    "previous_config",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="The last good config, to roll back to.",
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="hosts.engineconfig",
+                    ),
+                ),
+                (
+                    "requested_by",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Empty when the scheduler started it.",
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-pk'],
-                'abstract': False,
-                'constraints': [models.UniqueConstraint(condition=models.Q(('status__in', ['queued', 'running'])), fields=('deployment',), name='engineoperation_one_active_per_deployment')],
+                "ordering": ["-created_at", "-pk"],
+                "abstract": False,
+                "constraints": [
+                    models.UniqueConstraint(
+                        condition=models.Q(("status__in", ["queued", "running"])),
+                        fields=("deployment",),
+                        name="engineoperation_one_active_per_deployment",
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='GpuSample',
+            name="GpuSample",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('time', models.DateTimeField()),
-                ('utilization_pct', models.FloatField(null=True)),
-                ('memory_used_bytes', models.PositiveBigIntegerField(null=True)),
-                ('power_w', models.FloatField(null=True)),
-                ('power_limit_w', models.FloatField(null=True)),
-                ('temperature_c', models.FloatField(null=True)),
-                ('sm_clock_mhz', models.PositiveIntegerField(null=True)),
-                ('mem_clock_mhz', models.PositiveIntegerField(null=True)),
-                ('clocks_event_reasons', models.BigIntegerField(null=True)),
-                ('pcie_tx_kbps', models.FloatField(null=True)),
-                ('pcie_rx_kbps', models.FloatField(null=True)),
-                ('gpu', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='samples', to='hosts.gpu')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("time", models.DateTimeField()),
+                ("utilization_pct", models.FloatField(null=True)),
+                ("memory_used_bytes", models.PositiveBigIntegerField(null=True)),
+                ("power_w", models.FloatField(null=True)),
+                ("power_limit_w", models.FloatField(null=True)),
+                ("temperature_c", models.FloatField(null=True)),
+                ("sm_clock_mhz", models.PositiveIntegerField(null=True)),
+                ("mem_clock_mhz", models.PositiveIntegerField(null=True)),
+                ("clocks_event_reasons", models.BigIntegerField(null=True)),
+                ("pcie_tx_kbps", models.FloatField(null=True)),
+                ("pcie_rx_kbps", models.FloatField(null=True)),
+                (
+                    "gpu",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="samples",
+                        to="hosts.gpu",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['gpu', 'time'],
-                'indexes': [models.Index(fields=['gpu', 'time'], name='hosts_gpusa_gpu_id_9e1612_idx'), models.Index(fields=['time'], name='hosts_gpusa_time_0408de_idx')],
+                "ordering": ["gpu", "time"],
+                "indexes": [
+                    models.Index(fields=["gpu", "time"], name="hosts_gpusa_gpu_id_9e1612_idx"),
+                    models.Index(fields=["time"], name="hosts_gpusa_time_0408de_idx"),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='GpuSampleMinute',
+            name="GpuSampleMinute",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('minute', models.DateTimeField()),
-                ('samples', models.PositiveIntegerField()),
-                ('utilization_avg', models.FloatField(null=True)),
-                ('utilization_max', models.FloatField(null=True)),
-                ('memory_used_max', models.PositiveBigIntegerField(null=True)),
-                ('power_avg', models.FloatField(null=True)),
-                ('power_max', models.FloatField(null=True)),
-                ('temperature_max', models.FloatField(null=True)),
-                ('sm_clock_avg', models.FloatField(null=True)),
-                ('sm_clock_min', models.PositiveIntegerField(null=True)),
-                ('throttled_samples', models.PositiveIntegerField(default=0, help_text='Samples with a clock-event reason other than idle.')),
-                ('gpu', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='minutes', to='hosts.gpu')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("minute", models.DateTimeField()),
+                ("samples", models.PositiveIntegerField()),
+                ("utilization_avg", models.FloatField(null=True)),
+                ("utilization_max", models.FloatField(null=True)),
+                ("memory_used_max", models.PositiveBigIntegerField(null=True)),
+                ("power_avg", models.FloatField(null=True)),
+                ("power_max", models.FloatField(null=True)),
+                ("temperature_max", models.FloatField(null=True)),
+                ("sm_clock_avg", models.FloatField(null=True)),
+                ("sm_clock_min", models.PositiveIntegerField(null=True)),
+                (
+                    "throttled_samples",
+                    models.PositiveIntegerField(
+                        default=0, help_text="Samples with a clock-event reason other than idle."
+                    ),
+                ),
+                (
+                    "gpu",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="minutes",
+                        to="hosts.gpu",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['gpu', 'minute'],
-                'indexes': [models.Index(fields=['minute'], name='hosts_gpusa_minute_08b47e_idx')],
-                'constraints': [models.UniqueConstraint(fields=('gpu', 'minute'), name='gpusampleminute_unique')],
+                "ordering": ["gpu", "minute"],
+                "indexes": [models.Index(fields=["minute"], name="hosts_gpusa_minute_08b47e_idx")],
+                "constraints": [
+                    models.UniqueConstraint(fields=("gpu", "minute"), name="gpusampleminute_unique")
+                ],
             },
         ),
     ]
