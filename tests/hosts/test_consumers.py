@@ -74,3 +74,31 @@ def test_event_published_from_a_worker_thread_reaches_only_that_hosts_socket(vie
         await other_comm.disconnect()
 
     asyncio.run(scenario())
+
+
+def test_a_telemetry_reading_is_streamed_to_the_hosts_page(viewer):
+    """record_telemetry (what the poller runs in a worker) → the host's socket, one event
+    with every GPU's live point, and the other event types the page listens to."""
+    from hosts import services
+    from tests.hosts.test_telemetry_store import INVENTORY, reading
+
+    host = make_host()
+    services.refresh_inventory(host, INVENTORY)
+
+    async def scenario():
+        comm, connected, _ = await connect(viewer, host.pk)
+        assert connected
+        await asyncio.get_running_loop().run_in_executor(
+            None, lambda: services.record_telemetry(host, reading(util=(77, 3)))
+        )
+        events = {}
+        while "telemetry" not in events:
+            message = await comm.receive_json_from(timeout=5)
+            events[message["event"]] = message["data"]
+        points = {p["index"]: p for p in events["telemetry"]["gpus"]}
+        assert points[0]["utilization_pct"] == 77 and points[1]["utilization_pct"] == 3
+        assert points[0]["memory_used_gib"] == 60.0 and points[0]["memory_total_gib"] == 80.0
+        assert isinstance(events["telemetry"]["t"], int)  # epoch ms for plotly's date axis
+        await comm.disconnect()
+
+    asyncio.run(scenario())

@@ -12,7 +12,7 @@ from tests.conftest import free_port
 from tests.factories import make_host
 from tests.hosts.agent.conftest import LLAMA, AgentProcess
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.integration]
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from tests.hosts.agent.conftest import LLAMA
 from tests.hosts.transport import sshd as sshd_mod
 from tests.hosts.transport.conftest import fresh_sshd, ssh_keys  # noqa: F401 - fixtures
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.integration]
 
 
 @pytest.fixture

@@ -100,3 +100,42 @@ def test_dashboard_summarises_the_fleet(client, viewer):
     used, free = response.context["chart"]["data"]
     assert used["x"] == [host.name] and used["y"] == [0.0] and free["y"] == [160.0]
     assert 'id="gpu-memory-chart-data"' in response.content.decode()
+
+
+def test_telemetry_backfill_returns_samples_after_since(client, viewer):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from hosts.models import GpuSample
+
+    host = make_host()
+    gpu = make_gpu(host)
+    now = timezone.now()
+    for seconds in (30, 20, 10):
+        GpuSample.objects.create(gpu=gpu, time=now - timedelta(seconds=seconds), power_w=seconds)
+    client.force_login(viewer)
+    url = reverse("hosts:telemetry", args=[host.pk])
+    since = int((now - timedelta(seconds=25)).timestamp() * 1000)
+    data = client.get(url, {"since": since}).json()["gpus"][str(gpu.pk)]
+    assert data["power_w"] == [20, 10] and len(data["t"]) == 2
+    assert client.get(url, {"since": "yesterday"}).status_code == 400
+
+
+def test_operation_page_shows_the_engines_own_error(client, viewer):
+    from hosts.models import EngineOperation
+    from tests.factories import make_config
+
+    deployment = make_deployment()
+    operation = EngineOperation.objects.create(
+        deployment=deployment,
+        kind="apply",
+        config=make_config(deployment),
+        status="failed",
+        outcome="rolled_back",
+        engine_log="ValueError: No available memory for the cache blocks.",
+        log="17:01:02 applying v1\n",
+    )
+    client.force_login(viewer)
+    page = client.get(reverse("hosts:operation", args=[operation.pk])).content.decode()
+    assert "Rolled back" in page and "No available memory for the cache blocks" in page

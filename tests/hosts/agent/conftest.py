@@ -130,3 +130,12 @@ def wait_operation(client: httpx.Client, op_id: str, timeout: float = 30) -> dic
             return op
         assert time.monotonic() < deadline, f"operation still running: {op}"
         time.sleep(0.05)
+
+
+def pytest_collection_modifyitems(config, items):
+    # Real processes (sshd, agents, simulators) and no database: one pass of `make test` is
+    # enough, the one that runs the integration tests.
+    here = Path(__file__).parent
+    for item in items:
+        if Path(item.fspath).is_relative_to(here):
+            item.add_marker(pytest.mark.integration)
