@@ -44,6 +44,7 @@ from hosts.models import (
     HostCheck,
 )
 from hosts.transport.base import (
+    GPU_READING_FIELDS,
     AuthError,
     HostKeyMismatch,
     HostKeyUnknown,
@@ -513,24 +514,14 @@ def record_telemetry(host: Host, reading: dict, *, when: datetime | None = None)
     return len(samples)
 
 
+# What the Gpu row keeps of the newest reading: the measurements (identity and placement
+# are columns of their own), and which metrics the driver left out.
 LAST_SAMPLE_KEYS = (
-    "utilization_gpu_pct",
-    "utilization_memory_pct",
-    "memory_used_bytes",
-    "memory_total_bytes",
-    "temperature_c",
-    "power_w",
-    "power_limit_w",
-    "sm_clock_mhz",
-    "max_sm_clock_mhz",
-    "mem_clock_mhz",
-    "clocks_event_reasons",
-    "throttle_reasons",
-    "pcie_tx_kbps",
-    "pcie_rx_kbps",
-    "ecc_corrected",
-    "ecc_uncorrected",
-    "processes",
+    *(
+        f
+        for f in GPU_READING_FIELDS
+        if f not in ("index", "uuid", "name", "numa_node", "cpu_affinity")
+    ),
     "missing",
 )
 

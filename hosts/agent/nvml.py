@@ -19,34 +19,12 @@ import threading
 from pathlib import Path
 
 from hosts.agent.host import format_cpu_list
+from hosts.transport.base import GPU_READING_FIELDS
 
 log = logging.getLogger("hosts.agent.nvml")
 
-# Fields of one GPU reading, in the order of hosts.transport.base.Transport.telemetry().
-FIELDS = (
-    "name",
-    "uuid",
-    "memory_total_bytes",
-    "memory_used_bytes",
-    "utilization_gpu_pct",
-    "utilization_memory_pct",
-    "temperature_c",
-    "power_w",
-    "power_limit_w",
-    "sm_clock_mhz",
-    "max_sm_clock_mhz",
-    "mem_clock_mhz",
-    "max_mem_clock_mhz",
-    "clocks_event_reasons",
-    "throttle_reasons",
-    "pcie_tx_kbps",
-    "pcie_rx_kbps",
-    "numa_node",
-    "cpu_affinity",
-    "ecc_corrected",
-    "ecc_uncorrected",
-    "processes",
-)
+# Fields NVML fills for one GPU (the index is the handle's, never "missing").
+FIELDS = tuple(f for f in GPU_READING_FIELDS if f != "index")
 
 # (word, pynvml constant, value in nvml.h): the value is looked up in the bindings first so a
 # renumbering there wins; the literal keeps old bindings without the newer names working.

@@ -46,6 +46,35 @@ class HostKeyMismatch(TransportError):
         )
 
 
+# The fields of one GPU in ``Transport.telemetry()``, in order: every reader (NVML on the
+# agent, nvidia-smi over SSH) fills these, None for what the driver does not report (and
+# then names it in the reading's "missing" list).
+GPU_READING_FIELDS: tuple[str, ...] = (
+    "index",
+    "uuid",
+    "name",
+    "memory_total_bytes",
+    "memory_used_bytes",
+    "utilization_gpu_pct",
+    "utilization_memory_pct",
+    "temperature_c",
+    "power_w",
+    "power_limit_w",
+    "sm_clock_mhz",
+    "max_sm_clock_mhz",
+    "mem_clock_mhz",
+    "max_mem_clock_mhz",
+    "clocks_event_reasons",
+    "throttle_reasons",
+    "pcie_tx_kbps",
+    "pcie_rx_kbps",
+    "numa_node",
+    "cpu_affinity",
+    "ecc_corrected",
+    "ecc_uncorrected",
+    "processes",
+)
+
 # An engine's name becomes part of remote paths, unit and container names and URLs: nothing
 # else may get through (the agent checks the same pattern on its side).
 ENGINE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")

@@ -21,6 +21,8 @@ import csv
 import re
 from collections.abc import Iterable
 
+from hosts.transport.base import GPU_READING_FIELDS
+
 MIB = 1024 * 1024
 
 # (nvidia-smi field, our key, converter). Order is the CSV column order.
@@ -69,31 +71,8 @@ THROTTLE_REASONS: dict[int, str] = {
     0x100: "DisplayClockSetting",
 }
 
-# The keys of one telemetry GPU reading, in the order of base.Transport.telemetry().
-TELEMETRY_KEYS: tuple[str, ...] = (
-    "index",
-    "uuid",
-    "name",
-    "memory_total_bytes",
-    "memory_used_bytes",
-    "utilization_gpu_pct",
-    "utilization_memory_pct",
-    "temperature_c",
-    "power_w",
-    "power_limit_w",
-    "sm_clock_mhz",
-    "max_sm_clock_mhz",
-    "mem_clock_mhz",
-    "max_mem_clock_mhz",
-    "clocks_event_reasons",
-    "throttle_reasons",
-    "pcie_tx_kbps",
-    "pcie_rx_kbps",
-    "numa_node",
-    "cpu_affinity",
-    "ecc_corrected",
-    "ecc_uncorrected",
-)
+# nvidia-smi reports processes with another query (--query-compute-apps).
+TELEMETRY_KEYS: tuple[str, ...] = tuple(f for f in GPU_READING_FIELDS if f != "processes")
 
 _INVALID_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
 _CUDA_VERSION = re.compile(r"CUDA Version\s*:\s*([0-9][0-9.]*)")

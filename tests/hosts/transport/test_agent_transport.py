@@ -4,9 +4,7 @@ infeasible config → rolled back with the engine's error lines."""
 
 from __future__ import annotations
 
-import datetime
 import http.server
-import ipaddress
 import re
 import secrets
 import sys
@@ -20,6 +18,7 @@ from hosts.engines.launch import LaunchConfig
 from hosts.transport.agent import AgentTransport
 from hosts.transport.base import AuthError, TransportError
 from tests.conftest import free_port
+from tests.hosts.agent.conftest import self_signed
 from tests.integration.processes import Process
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
@@ -172,46 +171,8 @@ def test_engines_that_were_never_deployed(client):
         client.engine_status("../v1/info")
 
 
-def _self_signed(tmp_path):
-    """A certificate for 127.0.0.1 and its key (PEM files)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test agent")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp_path / "agent.crt", tmp_path / "agent.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    key_path.chmod(0o600)
-    return cert_path, key_path
-
-
 def test_tls_is_verified_against_the_given_ca(tmp_path):
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     proc, port, token = start_agent(tmp_path, "--tls-cert", str(cert), "--tls-key", str(key))
     try:
         with AgentTransport("127.0.0.1", port, token, tls=True, ca_cert=str(cert)) as transport:
