@@ -37,6 +37,11 @@ ENGINE_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ACTIVE_STATUSES = [OperationStatus.QUEUED, OperationStatus.RUNNING]
 
 
+def clock_events(reasons) -> list[str]:
+    """The clock-event (throttle) reasons worth showing: an idle GPU clocking down is not one."""
+    return [r for r in reasons or [] if r.lower() != "idle"]
+
+
 def validate_ssh_username(value: str) -> None:
     if value and not POSIX_USER.match(value):
         raise ValidationError(f"{value!r} is not a POSIX user name.")
@@ -220,7 +225,7 @@ class Gpu(models.Model):
 
     @property
     def throttle_reasons(self) -> list[str]:
-        return [r for r in self.last_sample.get("throttle_reasons") or [] if r != "idle"]
+        return clock_events(self.last_sample.get("throttle_reasons"))
 
 
 class GpuSample(models.Model):

@@ -42,6 +42,7 @@ from hosts.models import (
     GpuSampleMinute,
     Host,
     HostCheck,
+    clock_events,
 )
 from hosts.transport.base import (
     GPU_READING_FIELDS,
@@ -538,7 +539,7 @@ def _live_point(gpu: Gpu, item: dict) -> dict:
         "power_limit_w": item.get("power_limit_w"),
         "temperature_c": item.get("temperature_c"),
         "sm_clock_mhz": item.get("sm_clock_mhz"),
-        "throttle_reasons": [r for r in item.get("throttle_reasons") or [] if r != "idle"],
+        "throttle_reasons": clock_events(item.get("throttle_reasons")),
     }
 
 

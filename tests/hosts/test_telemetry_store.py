@@ -55,7 +55,7 @@ def reading(util=(50, 0), power=(400.0, 70.0), reasons=(0, 1), t=None, engines=N
                 "max_sm_clock_mhz": 1980,
                 "mem_clock_mhz": 2619,
                 "clocks_event_reasons": reasons[i],
-                "throttle_reasons": ["sw_power_cap"] if reasons[i] & 4 else [],
+                "throttle_reasons": ["SwPowerCap"] if reasons[i] & 4 else ["Idle"],
                 "pcie_tx_kbps": 1000,
                 "pcie_rx_kbps": 2000,
                 "missing": ["ecc_corrected"],
@@ -101,6 +101,10 @@ def test_telemetry_becomes_samples_latest_readings_and_engine_states():
     assert sample.utilization_pct == 50 and sample.power_w == 400.0
     assert gpu0.last_sample["memory_used_bytes"] == 60 * 2**30
     assert gpu0.last_sample["missing"] == ["ecc_corrected"]
+    # GPU1 is idle (reason 0x1): clocking down when idle is not a throttle worth a badge.
+    assert Gpu.objects.get(uuid="GPU-aaaa-1").throttle_reasons == []
+    services.record_telemetry(host, reading(reasons=(4, 1)))
+    assert Gpu.objects.get(uuid="GPU-aaaa-0").throttle_reasons == ["SwPowerCap"]
     host.refresh_from_db()
     assert host.host_readings["cpu_percent"] == 12.5 and host.last_seen_at is not None
     assert Deployment.objects.get(pk=deployment.pk).status == "running"
