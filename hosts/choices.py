@@ -73,7 +73,6 @@ class Runner(models.TextChoices):
 class OperationKind(models.TextChoices):
     APPLY = "apply", "Apply config"
     RESTART = "restart", "Restart engine"
-    STOP = "stop", "Stop engine"
 
 
 class OperationOutcome(models.TextChoices):

@@ -148,8 +148,9 @@ def accept_host_key(actor, host: Host) -> Host:
 
 
 # --- transports -------------------------------------------------------------------------------
-def transport_for(host: Host) -> Transport:
-    """A transport to ``host`` built from its stored settings (secrets decrypted here only)."""
+def transport_for(host: Host, deployment: Deployment | None = None) -> Transport:
+    """A transport to ``host`` built from its stored settings (secrets decrypted here only).
+    Over SSH, how engines are launched is the deployment's choice: operations pass theirs."""
     timeout = settings.TRANSPORT_TIMEOUT
     try:
         if host.transport == TransportKind.SSH:
@@ -165,7 +166,8 @@ def transport_for(host: Host) -> Transport:
                 private_key=key,
                 passphrase=reveal(host.ssh_key_passphrase) or None,
                 host_key_fingerprint=host.ssh_host_key_fingerprint or None,
-                launch_style=_ssh_launch_style(host),
+                launch_style=deployment.launch_style if deployment else _ssh_launch_style(host),
+                docker_image=(deployment.docker_image or None) if deployment else None,
                 python=host.ssh_python or "python3",
                 remote_dir=settings.SSH_REMOTE_DIR,
                 connect_timeout=timeout,
@@ -193,6 +195,8 @@ def _read_key_file(path: str) -> str:
 
 
 def _ssh_launch_style(host: Host) -> str:
+    # Reading telemetry and engine states: the style the host's engines share (only how
+    # engines are found differs between styles, not what is read).
     styles = {d.launch_style for d in host.deployments.all()}
     return styles.pop() if len(styles) == 1 else "process"
 
@@ -544,6 +548,11 @@ def _live_point(gpu: Gpu, item: dict) -> dict:
 
 
 def _engine_states(host: Host, engines: dict, when: datetime, holders: dict) -> None:
+    busy = set(
+        EngineOperation.objects.filter(
+            deployment__host=host, status__in=ACTIVE_STATUSES
+        ).values_list("deployment_id", flat=True)
+    )
     for deployment in host.deployments.all():
         state = engines.get(deployment.name)
         if state is None:
@@ -553,7 +562,7 @@ def _engine_states(host: Host, engines: dict, when: datetime, holders: dict) -> 
         used = sorted(pk for pk, procs in holders.items() if pids & procs)
         if used and used != sorted(g.pk for g in deployment.gpus.all()):
             deployment.gpus.set(used)
-        if deployment.active_operation() is not None:
+        if deployment.pk in busy:
             continue  # an operation owns the status right now
         status = ENGINE_STATES.get(state.get("state"), DeploymentStatus.UNKNOWN)
         if status != deployment.status:
@@ -721,7 +730,7 @@ def run_operation(operation: EngineOperation) -> EngineOperation:
     operation.append_log(f"{verb} v{config.version} on {deployment.host}")
     timeout = settings.ENGINE_READY_TIMEOUT
     try:
-        with transport_for(deployment.host) as transport:
+        with transport_for(deployment.host, deployment) as transport:
             if operation.kind == OperationKind.APPLY:
                 outcome = transport.apply_config(
                     deployment.name, launch, previous=rollback, ready_timeout_s=timeout
@@ -778,7 +787,7 @@ def _resume_after_crash(operation: EngineOperation) -> EngineOperation:
     what runs now and close the record with that, so nothing is left unexplained."""
     deployment = operation.deployment
     try:
-        with transport_for(deployment.host) as transport:
+        with transport_for(deployment.host, deployment) as transport:
             status = transport.engine_status(deployment.name)
     except TransportError as exc:
         state, detail = "unknown", f"host unreachable: {exc}"

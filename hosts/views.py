@@ -143,22 +143,26 @@ def operation_detail(request, pk):
 
 
 def _context(host: Host) -> dict:
-    deployments = Deployment.objects.filter(host=host).select_related("active_config")
+    gpus = list(host.gpus.order_by("index"))
+    deployments = list(
+        Deployment.objects.filter(host=host)
+        .select_related("active_config")
+        .prefetch_related("gpus")
+    )
     return {
         "host": host,
-        "gpus": list(host.gpus.order_by("index")),
-        "deployments": deployments.prefetch_related("gpus"),
+        "gpus": gpus,
+        "deployments": deployments,
         "operations": EngineOperation.objects.filter(deployment__host=host).select_related(
             "deployment", "config", "requested_by"
         )[:10],
         "checks": _recent_checks(host),
-        "numa": _numa(host),
+        "numa": _numa(host, gpus, deployments),
     }
 
 
-def _numa(host: Host) -> list[dict]:
+def _numa(host: Host, gpus: list, deployments: list) -> list[dict]:
     """Per NUMA node: its CPUs, the GPUs hanging off it, the engines pinned to it."""
-    gpus = list(host.gpus.order_by("index"))
     nodes = {
         n.get("node"): {"node": n.get("node"), "cpus": n.get("cpus"), "gpus": [], "engines": []}
         for n in host.numa_nodes or []
@@ -168,7 +172,7 @@ def _numa(host: Host) -> list[dict]:
             gpu.numa_node, {"node": gpu.numa_node, "cpus": "", "gpus": [], "engines": []}
         )
         nodes[gpu.numa_node]["gpus"].append(gpu)
-    for deployment in host.deployments.select_related("active_config"):
+    for deployment in deployments:
         placement = (deployment.active_config.placement if deployment.active_config else {}) or {}
         node = placement.get("numa_node")
         if node is not None:

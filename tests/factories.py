@@ -86,3 +86,21 @@ def ssh_private_key() -> str:
         )
         .decode()
     )
+
+
+def make_sim_deployment(host: Host, **kw) -> Deployment:
+    """A deployment run by the simulator (Llama-3.1-8B on an H100) on a free port."""
+    from tests.conftest import free_port
+
+    data = dict(
+        host=host,
+        name="llama",
+        engine="vllm",
+        engine_version="0.11.0",
+        model="meta-llama/Llama-3.1-8B-Instruct",
+        port=free_port(),
+        runner="simulator",
+        simulator={"gpu": "h100-sxm", "startup_seconds": 0.3},
+    )
+    data.update(kw)
+    return Deployment.objects.create(**data)

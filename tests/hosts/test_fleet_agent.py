@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 
 from hosts import services
-from hosts.models import Deployment, EngineConfig, EngineOperation, Gpu, GpuSample, HostCheck
-from tests.conftest import free_port
-from tests.factories import make_host
-from tests.hosts.agent.conftest import LLAMA, AgentProcess
+from hosts.models import EngineConfig, EngineOperation, Gpu, GpuSample, HostCheck
+from tests.factories import make_host, make_sim_deployment
+from tests.hosts.agent.conftest import AgentProcess
 
 pytestmark = [pytest.mark.django_db, pytest.mark.integration]
 
@@ -25,15 +24,8 @@ def agent(tmp_path):
 @pytest.fixture
 def fleet(agent):
     host = make_host(name="agent-host", port=agent.port, agent_token=agent.token)
-    deployment = Deployment.objects.create(
-        host=host,
-        name="llama",
-        engine="vllm",
-        engine_version="0.11.0",
-        model=LLAMA,
-        port=free_port(),
-        runner="simulator",
-        simulator={"gpu": "h100-sxm", "num_gpus": 2, "startup_seconds": 0.3},
+    deployment = make_sim_deployment(
+        host, simulator={"gpu": "h100-sxm", "num_gpus": 2, "startup_seconds": 0.3}
     )
     good = EngineConfig.objects.create_next(
         deployment, {"gpu_memory_utilization": 0.9, "max_model_len": 8192}

@@ -12,10 +12,8 @@ import pytest
 
 from controlpanel.models import AuditEntry
 from hosts import services
-from hosts.models import Deployment, EngineConfig, EngineOperation, HostCheck
-from tests.conftest import free_port
-from tests.factories import make_host
-from tests.hosts.agent.conftest import LLAMA
+from hosts.models import EngineConfig, EngineOperation, HostCheck
+from tests.factories import make_host, make_sim_deployment
 from tests.hosts.transport import sshd as sshd_mod
 from tests.hosts.transport.conftest import fresh_sshd, ssh_keys  # noqa: F401 - fixtures
 
@@ -83,16 +81,7 @@ def test_apply_and_rollback_over_ssh(ssh_host, admin, operator):
     host, server = ssh_host
     check(host)
     host = services.accept_host_key(admin, host)
-    deployment = Deployment.objects.create(
-        host=host,
-        name="llama-ssh",
-        engine="vllm",
-        engine_version="0.11.0",
-        model=LLAMA,
-        port=free_port(),
-        runner="simulator",
-        simulator={"gpu": "h100-sxm", "startup_seconds": 0.3},
-    )
+    deployment = make_sim_deployment(host, name="llama-ssh")
     good = EngineConfig.objects.create_next(deployment, {"max_model_len": 8192})
     op = services.request_operation(operator, deployment, "apply", good)
     services.run_operation(EngineOperation.objects.get(pk=op.pk))

@@ -137,3 +137,19 @@ def test_accepting_a_host_key_needs_the_fingerprint_that_was_shown(client, admin
     host.refresh_from_db()
     assert host.ssh_host_key_fingerprint == "SHA256:" + "B" * 43
     assert host.ssh_offered_fingerprint == ""
+
+
+def test_an_operation_uses_its_deployments_launch_style():
+    """Over SSH the transport launches the way the deployment says, not the host's mix."""
+    from tests.factories import make_deployment
+
+    host = make_host(
+        transport="ssh", port=22, ssh_username="ops", ssh_private_key=ssh_private_key()
+    )
+    docker = make_deployment(host, launch_style="docker", docker_image="vllm/vllm-openai:v0.11.0")
+    make_deployment(host, launch_style="systemd")
+    with services.transport_for(host, docker) as transport:
+        assert transport.launch_style == "docker"
+        assert transport.docker_image == "vllm/vllm-openai:v0.11.0"
+    with services.transport_for(host) as transport:
+        assert transport.launch_style == "process"  # mixed styles: reading needs no style

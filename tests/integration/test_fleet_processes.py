@@ -13,10 +13,9 @@ from cryptography.fernet import Fernet
 from django.utils import timezone
 
 from hosts import services
-from hosts.models import Deployment, EngineConfig, EngineOperation, GpuSample, GpuSampleMinute
-from tests.conftest import free_port
-from tests.factories import make_host
-from tests.hosts.agent.conftest import LLAMA, AgentProcess
+from hosts.models import EngineConfig, EngineOperation, GpuSample, GpuSampleMinute
+from tests.factories import make_host, make_sim_deployment
+from tests.hosts.agent.conftest import AgentProcess
 from tests.integration.processes import compose_command, wait_until
 from tests.integration.test_production_processes import production_env, start  # noqa: F401
 
@@ -51,16 +50,7 @@ def test_worker_applies_through_the_agent_and_beat_polls_into_postgres(
     agent.start()
     try:
         host = make_host(name="pg-agent", port=agent.port, agent_token=agent.token)
-        deployment = Deployment.objects.create(
-            host=host,
-            name="llama",
-            engine="vllm",
-            engine_version="0.11.0",
-            model=LLAMA,
-            port=free_port(),
-            runner="simulator",
-            simulator={"gpu": "h100-sxm", "startup_seconds": 0.3},
-        )
+        deployment = make_sim_deployment(host)
         config = EngineConfig.objects.create_next(deployment, {"max_model_len": 8192})
         operation = EngineOperation.objects.create(
             deployment=deployment, kind="apply", config=config
