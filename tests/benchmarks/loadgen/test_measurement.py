@@ -95,11 +95,16 @@ def test_open_loop_rate_is_accurate(fixed_server):
     sent = sorted(r["sent"] for r in records)
     achieved = (len(sent) - 1) / (sent[-1] - sent[0])
     assert abs(achieved - 400) / 400 < 0.02, achieved
-    # Poisson: the gaps' coefficient of variation is about 1.
-    gaps = [b - a for a, b in zip(sent, sent[1:], strict=False)]
+    # Poisson: the gaps of the arrival schedule have a coefficient of variation of about 1.
+    # (Measured on the schedule: gaps between actual sends also carry this VM's stalls, which
+    # bunch a few sends together; the rate above and the lag below cover the sends.)
+    scheduled = sorted(r["scheduled"] for r in records)
+    gaps = [b - a for a, b in zip(scheduled, scheduled[1:], strict=False)]
     mean = sum(gaps) / len(gaps)
     cv = (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5 / mean
     assert 0.85 < cv < 1.15, cv
+    lags = sorted(r["sent"] - r["scheduled"] for r in records)
+    assert lags[len(lags) // 2] < 0.02, lags[len(lags) // 2]  # sends follow the schedule
 
 
 def test_token_counts_without_usage_come_from_chunks(fixed_server):
