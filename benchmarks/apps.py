@@ -1,5 +1,15 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+
+def _builtin_profiles(sender, **kwargs):
+    from benchmarks.services.profiles import ensure_builtin_profiles
+
+    ensure_builtin_profiles()
 
 
 class BenchmarksConfig(AppConfig):
     name = "benchmarks"
+
+    def ready(self):
+        post_migrate.connect(_builtin_profiles, sender=self)

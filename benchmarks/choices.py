@@ -3,11 +3,21 @@
 from django.db import models
 
 
-class LoadMode(models.TextChoices):
-    CLOSED = "closed", "Closed loop (fixed concurrency)"
-    OPEN = "open", "Open loop (request rate)"
+class ProfileSource(models.TextChoices):
+    BUILTIN = "builtin", "Built-in starter"
+    MANUAL = "manual", "Written by hand"
+    TRAFFIC = "traffic", "Fitted to a traffic sample"
+    REPLAY = "replay", "Replays a traffic sample"
+    IMPORTED = "imported", "Imported"
 
 
-class Dataset(models.TextChoices):
-    RANDOM = "random", "Random tokens of set lengths"
-    SHARED_PREFIX = "shared-prefix", "Shared system prompt + random suffix"
+class RunSource(models.TextChoices):
+    PANEL = "panel", "Run by the panel"
+    LOADGEN = "loadgen", "Imported: load generator CLI"
+    VLLM_BENCH = "vllm-bench", "Imported: vllm bench serve"
+
+
+class Pricing(models.TextChoices):
+    ON_DEMAND = "on_demand", "On-demand"
+    RESERVED = "reserved", "Reserved / committed"
+    SPOT = "spot", "Spot / preemptible"

@@ -1,52 +1,42 @@
-"""Load profiles (what load to apply) and benchmark runs (one application of it)."""
+"""Load profiles (what load to apply), benchmark runs (one application of it) with their
+timelines and per-request records, and the prices that turn a run into money."""
 
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
-from django.db import models
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models, transaction
+from django.db.models import Max
 from django.urls import reverse
 from django.utils import timezone
 
-from benchmarks.choices import Dataset, LoadMode
+from benchmarks.choices import Pricing, ProfileSource, RunSource
+from controlpanel.choices import OperationStatus
 from controlpanel.models import BackgroundOperation
 
 
-class LoadProfile(models.Model):
-    """A reproducible load: arrival pattern, prompt/output lengths and request count.
+def default_currency() -> str:
+    return settings.PANEL_CURRENCY
 
-    Comparing two configs is only fair under the same profile, so runs reference one and the
-    profile is what the history groups by.
+
+class LoadProfile(models.Model):
+    """One immutable, numbered version of a named load: stages, arrivals, token lengths,
+    shared-prefix share, warm-up and the SLOs that define goodput (``spec``, the document
+    ``benchmarks.loadgen.profile`` validates and turns into a load generator spec).
+
+    Comparing two configs is only fair under the same load, so a run points at the exact
+    version it used; editing a profile creates the next version (``create_next``) and every
+    older run keeps naming what it really ran.
     """
 
-    name = models.CharField(max_length=100, unique=True)
+    name = models.CharField(max_length=100)
+    version = models.PositiveIntegerField(default=1)
     description = models.TextField(blank=True)
-    mode = models.CharField(max_length=8, choices=LoadMode.choices, default=LoadMode.CLOSED)
-    concurrency = models.PositiveIntegerField(
-        default=16,
-        validators=[MinValueValidator(1)],
-        help_text="Closed loop: requests in flight. Open loop: the cap on them.",
+    spec = models.JSONField(default=dict)
+    source = models.CharField(
+        max_length=16, choices=ProfileSource.choices, default=ProfileSource.MANUAL
     )
-    request_rate = models.FloatField(
-        null=True,
-        blank=True,
-        validators=[MinValueValidator(0.001)],
-        help_text="Open loop only: mean requests per second.",
-    )
-    burstiness = models.FloatField(
-        default=1.0,
-        validators=[MinValueValidator(0.01)],
-        help_text="Gamma shape of inter-arrival gaps; 1.0 is Poisson.",
-    )
-    num_requests = models.PositiveIntegerField(default=200, validators=[MinValueValidator(1)])
-    warmup_requests = models.PositiveIntegerField(
-        default=10, help_text="Sent first and left out of every statistic."
-    )
-    dataset = models.CharField(max_length=20, choices=Dataset.choices, default=Dataset.RANDOM)
-    input_tokens = models.PositiveIntegerField(default=512, validators=[MinValueValidator(1)])
-    output_tokens = models.PositiveIntegerField(default=128, validators=[MinValueValidator(1)])
-    seed = models.PositiveIntegerField(default=0)
+    note = models.CharField(max_length=200, blank=True, help_text="What changed in this version.")
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
@@ -56,28 +46,60 @@ class LoadProfile(models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now)
 
+    class Manager(models.Manager):
+        def create_next(self, name: str, spec: dict, **fields) -> LoadProfile:
+            """Create ``name``'s next version (version 1 for a new name). Serialised by the
+            unique constraint: a concurrent writer of the same name gets an IntegrityError."""
+            with transaction.atomic():
+                last = self.filter(name=name).aggregate(v=Max("version"))["v"] or 0
+                return self.create(name=name, version=last + 1, spec=spec, **fields)
+
+        def latest(self):
+            """The newest version of every name."""
+            newest = self.filter(name=models.OuterRef("name")).order_by("-version").values("pk")[:1]
+            return self.filter(pk=models.Subquery(newest))
+
+    objects = Manager()
+
     class Meta:
-        ordering = ["name"]
+        ordering = ["name", "-version"]
+        constraints = [
+            models.UniqueConstraint(fields=["name", "version"], name="loadprofile_unique_version")
+        ]
 
     def __str__(self) -> str:
-        return self.name
+        return f"{self.name} v{self.version}"
 
-    def clean(self):
-        if self.mode == LoadMode.OPEN and not self.request_rate:
-            raise ValidationError({"request_rate": "An open-loop profile needs a request rate."})
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise ValueError("Load profiles are immutable: create the next version instead.")
+        super().save(*args, **kwargs)
+
+    def get_absolute_url(self) -> str:
+        return reverse("benchmarks:profile", args=[self.pk])
 
     @property
     def summary(self) -> str:
-        load = (
-            f"{self.concurrency} concurrent"
-            if self.mode == LoadMode.CLOSED
-            else f"{self.request_rate:g} req/s"
-        )
-        return f"{load}, {self.input_tokens}→{self.output_tokens} tokens, {self.num_requests} req"
+        from benchmarks.loadgen.profile import describe
+
+        return describe(self.spec)
+
+    @property
+    def is_latest(self) -> bool:
+        return not LoadProfile.objects.filter(name=self.name, version__gt=self.version).exists()
 
 
 class BenchmarkRun(BackgroundOperation):
-    """One load test of one deployment under one profile, with its results once finished."""
+    """One load test of one deployment under one profile version, with its results.
+
+    Everything needed to reproduce or judge it is recorded on the row: the exact engine config
+    version, the engine/CUDA/driver versions and GPUs the host reported (``environment``), the
+    profile version and the load generator's version. Headline numbers are columns so the
+    history can filter and sort 10,000+ runs in SQL; the full summary, per-stage summaries,
+    server-side breakdown and latency distributions are JSON; the per-second timeline is
+    ``RunPoint`` rows and the per-request records one compressed ``RunRequestLog`` blob, so a
+    100,000-request run costs the run page nothing until someone exports it.
+    """
 
     deployment = models.ForeignKey(
         "hosts.Deployment", on_delete=models.PROTECT, related_name="benchmark_runs"
@@ -90,19 +112,171 @@ class BenchmarkRun(BackgroundOperation):
         related_name="benchmark_runs",
         help_text="The settings the engine ran with.",
     )
-    load_profile = models.ForeignKey(LoadProfile, on_delete=models.PROTECT, related_name="runs")
+    load_profile = models.ForeignKey(
+        LoadProfile,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="runs",
+        help_text="Empty for an imported result that did not say what load it applied.",
+    )
     label = models.CharField(max_length=100, blank=True)
+    source = models.CharField(max_length=16, choices=RunSource.choices, default=RunSource.PANEL)
+    # Snapshots taken when the run starts: the deployment may be edited later, and imported
+    # runs carry what their file says.
+    engine = models.CharField(max_length=16, blank=True, db_index=True)
+    engine_version = models.CharField(max_length=40, blank=True)
+    model_name = models.CharField(max_length=200, blank=True, db_index=True)
+    gpu_model = models.CharField(max_length=100, blank=True, db_index=True)
+    gpu_count = models.PositiveSmallIntegerField(null=True, blank=True)
+    loadgen_version = models.CharField(max_length=40, blank=True)
+    environment = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="What the host reported at the start: driver, CUDA, engine, GPUs, spec.",
+    )
+    # Progress while it runs.
+    planned_requests = models.PositiveIntegerField(null=True, blank=True)
+    planned_duration_s = models.FloatField(null=True, blank=True)
+    progress = models.FloatField(
+        default=0.0, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)]
+    )
+    cancel_requested = models.BooleanField(default=False)
+    # Headline results (measured requests only: warm-up excluded).
+    duration_s = models.FloatField(null=True, blank=True)
+    completed = models.PositiveIntegerField(null=True, blank=True)
+    failed = models.PositiveIntegerField(null=True, blank=True)
+    error_rate = models.FloatField(null=True, blank=True)
+    ttft_p50_ms = models.FloatField(null=True, blank=True)
+    ttft_p95_ms = models.FloatField(null=True, blank=True)
+    ttft_p99_ms = models.FloatField(null=True, blank=True)
+    itl_p50_ms = models.FloatField(null=True, blank=True)
+    itl_p95_ms = models.FloatField(null=True, blank=True)
+    itl_p99_ms = models.FloatField(null=True, blank=True)
+    tpot_p50_ms = models.FloatField(null=True, blank=True)
+    e2el_p99_ms = models.FloatField(null=True, blank=True)
+    request_throughput = models.FloatField(null=True, blank=True, help_text="Successful req/s.")
+    output_tokens_per_s = models.FloatField(null=True, blank=True)
+    input_tokens_total = models.PositiveBigIntegerField(null=True, blank=True)
+    output_tokens_total = models.PositiveBigIntegerField(null=True, blank=True)
+    goodput_rps = models.FloatField(
+        null=True, blank=True, help_text="Requests/s meeting every SLO of the profile."
+    )
+    goodput_share = models.FloatField(null=True, blank=True)
+    hourly_price = models.DecimalField(
+        max_digits=10,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text="The host's price per hour when the run finished.",
+    )
+    currency = models.CharField(max_length=3, blank=True)
+    cost_per_million_output = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="At the measured throughput, fully utilised: hourly price / tokens per hour.",
+    )
     summary = models.JSONField(
         default=dict,
         blank=True,
-        help_text="Headline results (TTFT/ITL percentiles, throughput, errors) once finished.",
+        help_text="The load generator's whole summary (vllm bench serve names).",
     )
+    stages = models.JSONField(default=dict, blank=True, help_text="Summary per stage.")
+    server = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The engine's /metrics: queue/prefill/decode, prefix cache, KV, preemptions.",
+    )
+    distributions = models.JSONField(
+        default=dict, blank=True, help_text="Quantiles of TTFT/ITL/TPOT/E2EL for CDF charts."
+    )
+    notes = models.JSONField(default=list, blank=True)
+    stopped_early = models.CharField(max_length=300, blank=True)
 
     class Meta(BackgroundOperation.Meta):
-        pass
+        indexes = [
+            models.Index(fields=["deployment", "-created_at"], name="run_deployment_recent"),
+            models.Index(fields=["load_profile", "-created_at"], name="run_profile_recent"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(progress__gte=0.0) & models.Q(progress__lte=1.0),
+                name="run_progress_fraction",
+            )
+        ]
 
     def __str__(self) -> str:
         return self.label or f"run #{self.pk}"
 
     def get_absolute_url(self) -> str:
         return reverse("benchmarks:detail", args=[self.pk])
+
+    @property
+    def source_choice(self) -> RunSource:
+        return RunSource(self.source)
+
+    @property
+    def cancellable(self) -> bool:
+        return self.status in (OperationStatus.QUEUED, OperationStatus.RUNNING)
+
+    @property
+    def has_results(self) -> bool:
+        return self.completed is not None
+
+
+class RunPoint(models.Model):
+    """One second of a run as the load generator saw it (rolling TTFT percentiles, tokens/s,
+    requests in flight, the engine's queue and KV use) plus the deployment's GPU readings of
+    that second: the live charts' data and their backfill after a dropped socket."""
+
+    run = models.ForeignKey(BenchmarkRun, on_delete=models.CASCADE, related_name="points")
+    t = models.FloatField(help_text="Seconds since the run's clock started.")
+    data = models.JSONField()
+
+    class Meta:
+        ordering = ["run", "t"]
+        constraints = [models.UniqueConstraint(fields=["run", "t"], name="runpoint_unique_t")]
+
+    def __str__(self) -> str:
+        return f"{self.run} @ {self.t:.0f} s"
+
+
+class RunRequestLog(models.Model):
+    """Every measured request of a run, columnar and compressed (``benchmarks.records``):
+    about 25 bytes a request, read only by exports and never by a page."""
+
+    run = models.OneToOneField(
+        BenchmarkRun, on_delete=models.CASCADE, primary_key=True, related_name="request_log"
+    )
+    count = models.PositiveIntegerField()
+    data = models.BinaryField()
+
+    def __str__(self) -> str:
+        return f"{self.count} requests of {self.run}"
+
+
+class Price(models.Model):
+    """What an hour of an instance type costs under one pricing (on-demand, reserved, spot),
+    and which hosts are that instance type. A host without a price here is priced at its own
+    ``hourly_price`` (taken as on-demand)."""
+
+    name = models.CharField(max_length=100, help_text="Instance type, e.g. p5.48xlarge.")
+    pricing = models.CharField(max_length=16, choices=Pricing.choices, default=Pricing.ON_DEMAND)
+    hourly_price = models.DecimalField(
+        max_digits=10, decimal_places=4, validators=[MinValueValidator(0)]
+    )
+    currency = models.CharField(max_length=3, default=default_currency)
+    gpu_model = models.CharField(max_length=100, blank=True)
+    gpu_count = models.PositiveSmallIntegerField(null=True, blank=True)
+    hosts = models.ManyToManyField("hosts.Host", blank=True, related_name="prices")
+    note = models.CharField(max_length=200, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name", "pricing"]
+        constraints = [
+            models.UniqueConstraint(fields=["name", "pricing"], name="price_unique_pricing")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.get_pricing_display()})"

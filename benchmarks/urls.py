@@ -1,9 +1,32 @@
 from django.urls import path
 
-from benchmarks import views
+from benchmarks.views import cost, history, profiles, runs
 
 app_name = "benchmarks"
 urlpatterns = [
-    path("", views.run_list, name="list"),
-    path("<int:pk>/", views.run_detail, name="detail"),
+    # History, compare, export and import (views/history.py)
+    path("", history.run_list, name="list"),
+    path("compare/", history.compare, name="compare"),
+    path("import/", history.run_import, name="import"),
+    path("<int:pk>/export.json", history.export_json, name="export_json"),
+    path("<int:pk>/requests.csv", history.export_csv, name="export_csv"),
+    # Launching and watching one run (views/runs.py)
+    path("new/", runs.run_new, name="new"),
+    path("<int:pk>/", runs.run_detail, name="detail"),
+    path("<int:pk>/cancel/", runs.run_cancel, name="cancel"),
+    path("<int:pk>/timeline.json", runs.run_timeline, name="timeline"),
+    path("<int:pk>/part/<str:part>/", runs.run_part, name="part"),
+    # Load profiles (views/profiles.py)
+    path("profiles/", profiles.profile_list, name="profiles"),
+    path("profiles/new/", profiles.profile_create, name="profile_create"),
+    path("profiles/from-traffic/", profiles.profile_from_traffic, name="profile_from_traffic"),
+    path("profiles/import/", profiles.profile_import, name="profile_import"),
+    path("profiles/<int:pk>/", profiles.profile_detail, name="profile"),
+    path("profiles/<int:pk>/edit/", profiles.profile_edit, name="profile_edit"),
+    path("profiles/<int:pk>/export.json", profiles.profile_export, name="profile_export"),
+    # Prices (views/cost.py; the cost page itself is /cost/, wired in controlpanel/urls.py)
+    path("prices/", cost.price_list, name="prices"),
+    path("prices/new/", cost.price_create, name="price_create"),
+    path("prices/<int:pk>/edit/", cost.price_edit, name="price_edit"),
+    path("prices/<int:pk>/delete/", cost.price_delete, name="price_delete"),
 ]

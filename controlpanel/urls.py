@@ -3,7 +3,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from benchmarks import views as benchmark_views
+from benchmarks.views import cost as cost_views
 from controlpanel import views
 
 urlpatterns = [
@@ -15,5 +15,5 @@ urlpatterns = [
     path("hosts/", include("hosts.urls")),
     path("benchmarks/", include("benchmarks.urls")),
     path("changes/", include("changes.urls")),
-    path("cost/", benchmark_views.cost, name="cost"),
+    path("cost/", cost_views.cost, name="cost"),
 ]

@@ -44,7 +44,7 @@ def test_seed_creates_logins_and_fleet(monkeypatch, settings, tmp_path):
         oct((settings.VAR_DIR / "demo-fleet" / "sim-h100-01" / "token").stat().st_mode)[-3:]
         == "600"
     )
-    assert LoadProfile.objects.filter(name="rag-long-prompt", mode="open").exists()
+    assert LoadProfile.objects.filter(name="RAG long-prompt", source="builtin").exists()
 
 
 def test_seed_is_idempotent(monkeypatch, settings, tmp_path):

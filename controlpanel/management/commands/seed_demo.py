@@ -17,25 +17,11 @@ from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from benchmarks.choices import Dataset, LoadMode
-from benchmarks.models import LoadProfile
+from benchmarks.services.profiles import ensure_builtin_profiles
 from hosts import demo
 from hosts.choices import DeploymentStatus, Runner, TransportKind
 from hosts.models import Deployment, EngineConfig, Host
 
-PROFILES = [
-    ("chat-low", "Interactive chat, light load.", LoadMode.CLOSED, 4, None, 512, 128),
-    ("chat-peak", "Interactive chat at peak hour.", LoadMode.CLOSED, 64, None, 512, 256),
-    (
-        "rag-long-prompt",
-        "Retrieval-augmented answers: long prompts, short outputs.",
-        LoadMode.OPEN,
-        32,
-        4.0,
-        6000,
-        200,
-    ),
-]
 ROLE_USERS = [
     ("admin", "Admin"),
     ("approver", "Approver"),
@@ -108,19 +94,7 @@ class Command(BaseCommand):
                 )
             deployment.active_config = config
             deployment.save(update_fields=["active_config"])
-        for name, description, mode, concurrency, rate, inp, out in PROFILES:
-            LoadProfile.objects.get_or_create(
-                name=name,
-                defaults=dict(
-                    description=description,
-                    mode=mode,
-                    concurrency=concurrency,
-                    request_rate=rate,
-                    input_tokens=inp,
-                    output_tokens=out,
-                    dataset=Dataset.RANDOM,
-                ),
-            )
+        ensure_builtin_profiles()
 
 
 def demo_password() -> str:

@@ -1,0 +1,356 @@
+"""Load profiles: the JSON document a team saves and shares, and its translation into a
+``LoadSpec`` aimed at one engine (pure: no Django).
+
+A profile says *what load* (stages, arrivals, token lengths, shared prefixes, warm-up, SLOs);
+the deployment it runs against supplies *where* (base URL, model, API key). Keeping the two
+apart is what lets the same profile measure every config of every deployment fairly.
+
+Document (every key optional; ``normalize`` fills the defaults)::
+
+    {"endpoint": "/v1/completions",
+     "stages": [{"name": "peak", "concurrency": 64, "num_requests": 500}, ...],
+     "input_len": {"kind": "lognormal", "mean": 900, "stddev": 0.6, "high": 8000},
+     "output_len": {"kind": "fixed", "mean": 200},
+     "prefix_len": 0, "prefix_groups": 1, "prefix_share": 1.0,
+     "warmup_requests": 10, "slo": {"ttft": 500, "tpot": 50},
+     "seed": 0, "ignore_eos": true, "max_error_rate": null, "request_timeout_s": 600,
+     "replay": null | {"rows": [[t, input_tokens, output_tokens, prefix_id|null], ...],
+                       "time_scale": 1.0}}
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from benchmarks.loadgen.spec import Dataset, LengthDist, LoadSpec, SpecError, Stage, Trace
+
+STAGE_KEYS = {
+    "name",
+    "concurrency",
+    "request_rate",
+    "burstiness",
+    "max_concurrency",
+    "num_requests",
+    "duration_s",
+}
+DIST_KEYS = {"kind", "mean", "stddev", "low", "high", "values"}
+DEFAULTS = {
+    "endpoint": "/v1/completions",
+    "stages": [{"name": "main", "concurrency": 8, "num_requests": 100}],
+    "input_len": {"kind": "fixed", "mean": 512},
+    "output_len": {"kind": "fixed", "mean": 128},
+    "prefix_len": 0,
+    "prefix_groups": 1,
+    "prefix_share": 1.0,
+    "warmup_requests": 10,
+    "slo": {},
+    "seed": 0,
+    "ignore_eos": True,
+    "max_error_rate": None,
+    "request_timeout_s": 600.0,
+    "workers": 1,
+    "replay": None,
+}
+MAX_REPLAY_ROWS = 100_000
+
+
+def normalize(profile: dict) -> dict:
+    """The profile with every default filled in; unknown keys are refused (a typo such as
+    ``concurency`` would otherwise silently run the default load)."""
+    if not isinstance(profile, dict):
+        raise SpecError("profile: must be a JSON object")
+    unknown = sorted(set(profile) - set(DEFAULTS))
+    if unknown:
+        raise SpecError(f"profile: unknown field(s) {', '.join(unknown)}")
+    out = copy.deepcopy(DEFAULTS)
+    out.update(copy.deepcopy(profile))
+    if not isinstance(out["stages"], list):
+        raise SpecError("stages: must be a list of stages")
+    for number, stage in enumerate(out["stages"], start=1):
+        if not isinstance(stage, dict):
+            raise SpecError(f"stages[{number}]: must be an object")
+        bad = sorted(set(stage) - STAGE_KEYS)
+        if bad:
+            raise SpecError(f"stages[{number}]: unknown field(s) {', '.join(bad)}")
+        stage.setdefault("name", f"stage-{number}")
+    names = [s["name"] for s in out["stages"]]
+    if len(set(names)) != len(names):
+        raise SpecError("stages: stage names must be unique")
+    for key in ("input_len", "output_len"):
+        dist = out[key]
+        if not isinstance(dist, dict):
+            raise SpecError(f"{key}: must be an object")
+        bad = sorted(set(dist) - DIST_KEYS)
+        if bad:
+            raise SpecError(f"{key}: unknown field(s) {', '.join(bad)}")
+    if not isinstance(out["slo"], dict):
+        raise SpecError('slo: must be an object such as {"ttft": 500}')
+    replay = out["replay"]
+    if replay is not None:
+        if not isinstance(replay, dict) or not isinstance(replay.get("rows"), list):
+            raise SpecError('replay: must be {"rows": [[t, input, output], ...]}')
+        if not replay["rows"]:
+            raise SpecError("replay: no rows")
+        if len(replay["rows"]) > MAX_REPLAY_ROWS:
+            raise SpecError(f"replay: at most {MAX_REPLAY_ROWS} rows")
+    return out
+
+
+def _dist(data: dict, name: str) -> LengthDist:
+    try:
+        values = tuple((int(n), float(w)) for n, w in data.get("values") or ())
+        return LengthDist(
+            kind=data.get("kind", "fixed"),
+            mean=float(data.get("mean", 512)),
+            stddev=float(data.get("stddev") or 0.0),
+            low=None if data.get("low") is None else int(data["low"]),
+            high=None if data.get("high") is None else int(data["high"]),
+            values=values,
+        )
+    except (TypeError, ValueError):
+        raise SpecError(f"{name}: numbers expected") from None
+
+
+def _stage(data: dict) -> Stage:
+    def number(key, kind):
+        value = data.get(key)
+        if value is None:
+            return None
+        try:
+            return kind(value)
+        except (TypeError, ValueError):
+            raise SpecError(f"stage {data.get('name')!r}: {key} must be a number") from None
+
+    rate = number("request_rate", float)
+    concurrency = number("concurrency", int)
+    return Stage(
+        name=str(data["name"]),
+        concurrency=None if rate is not None else concurrency,
+        request_rate=rate,
+        burstiness=number("burstiness", float) or 1.0,
+        max_concurrency=number("max_concurrency", int),
+        num_requests=number("num_requests", int),
+        duration_s=number("duration_s", float),
+    )
+
+
+def build_spec(
+    profile: dict,
+    base_url: str,
+    model: str,
+    *,
+    api_key: str | None = None,
+    trace_path: str | None = None,
+    record_requests: bool = True,
+) -> LoadSpec:
+    """The load generator spec for ``profile`` against one engine, validated.
+
+    A replay profile needs its rows on disk (``write_replay`` makes the file); the caller
+    passes its path.
+    """
+    p = normalize(profile)
+    if p["replay"] is not None and trace_path is None:
+        raise SpecError("replay: the rows must be written to a file first (write_replay)")
+    try:
+        spec = LoadSpec(
+            base_url=base_url,
+            model=model,
+            endpoint=p["endpoint"],
+            stages=tuple(_stage(s) for s in p["stages"]) if p["replay"] is None else (),
+            dataset=Dataset(
+                input_len=_dist(p["input_len"], "input_len"),
+                output_len=_dist(p["output_len"], "output_len"),
+                prefix_len=int(p["prefix_len"]),
+                prefix_groups=int(p["prefix_groups"]),
+                prefix_share=float(p["prefix_share"]),
+                prompt_format="text" if p["endpoint"].endswith("chat/completions") else "token_ids",
+            ),
+            trace=Trace(trace_path, float(p["replay"].get("time_scale", 1.0)))
+            if p["replay"] is not None
+            else None,
+            warmup_requests=int(p["warmup_requests"]),
+            ignore_eos=bool(p["ignore_eos"]),
+            request_timeout_s=float(p["request_timeout_s"]),
+            api_key=api_key,
+            seed=int(p["seed"]),
+            goodput={str(k): float(v) for k, v in p["slo"].items()},
+            max_error_rate=None if p["max_error_rate"] is None else float(p["max_error_rate"]),
+            record_requests=record_requests,
+            workers=int(p["workers"]),
+        )
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, SpecError):
+            raise
+        raise SpecError(f"profile: {exc}") from None
+    spec.validate()
+    return spec
+
+
+def validate(profile: dict) -> dict:
+    """Normalise and check ``profile`` the way a run would; returns the normalised document.
+    Raises ``SpecError`` whose message names the field and what is wrong."""
+    p = normalize(profile)
+    build_spec(p, "http://validate.invalid", "model", trace_path="replay.jsonl")
+    if p["replay"] is not None:
+        for number, row in enumerate(p["replay"]["rows"], start=1):
+            if not isinstance(row, list | tuple) or len(row) not in (3, 4):
+                raise SpecError(f"replay row {number}: [t, input_tokens, output_tokens]")
+            try:
+                if float(row[0]) < 0 or int(row[1]) < 1 or int(row[2]) < 1:
+                    raise ValueError
+            except (TypeError, ValueError):
+                raise SpecError(
+                    f"replay row {number}: t >= 0 and token counts >= 1 expected"
+                ) from None
+    return p
+
+
+def write_replay(profile: dict, path: str | Path) -> str:
+    """Write a replay profile's rows as the JSONL trace the load generator reads."""
+    rows = normalize(profile)["replay"]["rows"]
+    with open(path, "w") as handle:
+        for row in rows:
+            item = {"timestamp": row[0], "input_tokens": row[1], "output_tokens": row[2]}
+            if len(row) > 3 and row[3] is not None:
+                item["prefix_id"] = row[3]
+            handle.write(json.dumps(item) + "\n")
+    return str(path)
+
+
+def plan(profile: dict) -> tuple[int | None, float | None]:
+    """(requests, seconds) the run is expected to take, warm-up excluded, for the progress
+    bar and the task's time limit. A stage bounded only by time counts its duration; one
+    bounded only by count counts its requests; ``None`` where a part cannot be known."""
+    p = normalize(profile)
+    if p["replay"] is not None:
+        rows = p["replay"]["rows"]
+        span = (float(rows[-1][0]) - float(rows[0][0])) * float(p["replay"].get("time_scale", 1))
+        return len(rows), max(span, 0.0)
+    requests, seconds = 0, 0.0
+    requests_known = seconds_known = True
+    for stage in p["stages"]:
+        count, duration = stage.get("num_requests"), stage.get("duration_s")
+        rate = stage.get("request_rate")
+        if count is not None and (duration is None or not rate):
+            requests += int(count)
+        elif duration is not None and rate:
+            requests += int(min(count or float("inf"), float(rate) * float(duration)))
+        else:
+            requests_known = False
+        if duration is not None:
+            seconds += float(duration)
+            if count is not None and rate:
+                seconds = seconds - float(duration) + min(float(duration), count / float(rate))
+        elif count is not None and rate:
+            seconds += int(count) / float(rate)
+        else:
+            seconds_known = False
+    return (requests if requests_known else None), (seconds if seconds_known else None)
+
+
+def _dist_text(d: dict) -> str:
+    kind = d.get("kind", "fixed")
+    if kind == "fixed":
+        return f"{d.get('mean', 512):g}"
+    if kind == "uniform":
+        return f"{d.get('low')}–{d.get('high')}"
+    if kind == "empirical":
+        values = d.get("values") or []
+        total = sum(w for _, w in values) or 1
+        mean = sum(n * w for n, w in values) / total
+        return f"~{mean:.0f} (sampled)"
+    return f"~{d.get('mean', 512):g} ({kind})"
+
+
+def describe(profile: dict) -> str:
+    """One line an engineer reads in a table: load, lengths, size."""
+    try:
+        p = normalize(profile)
+    except SpecError as exc:
+        return f"invalid: {exc}"
+    if p["replay"] is not None:
+        load = f"replay of {len(p['replay']['rows'])} requests"
+    else:
+        parts = []
+        for s in p["stages"]:
+            if s.get("request_rate"):
+                level = f"{s['request_rate']:g} req/s"
+            else:
+                level = f"{s.get('concurrency') or 0} concurrent"
+            size = (
+                f"{s['num_requests']} req"
+                if s.get("num_requests")
+                else f"{s.get('duration_s', 0):g} s"
+            )
+            parts.append(f"{s['name']}: {level}, {size}")
+        load = "; ".join(parts)
+    lengths = f"{_dist_text(p['input_len'])}→{_dist_text(p['output_len'])} tokens"
+    extra = ""
+    if p["prefix_len"]:
+        extra = f", {p['prefix_len']}-token shared prefix on {p['prefix_share']:.0%}"
+    slo = ", SLO " + " ".join(f"{k}≤{v:g}ms" for k, v in p["slo"].items()) if p["slo"] else ""
+    return f"{load} · {lengths}{extra}{slo}"
+
+
+# The starters every panel has (created by a data migration, refreshed by seed_demo). Their
+# numbers follow DOMAIN.md: chat is short prompts under a tight TTFT SLO, RAG is long prompts
+# where prefill dominates, batch is throughput under a loose end-to-end bound, and the shared
+# system prompt profile exists to show what prefix caching buys.
+BUILTINS: dict[str, dict] = {
+    "Interactive chat": {
+        "description": "Chat traffic through the day: low, normal and peak concurrency; "
+        "short prompts, medium answers; p95 TTFT is what users feel.",
+        "spec": {
+            "stages": [
+                {"name": "low", "concurrency": 4, "num_requests": 40},
+                {"name": "normal", "concurrency": 16, "num_requests": 120},
+                {"name": "peak", "concurrency": 48, "num_requests": 240},
+            ],
+            "input_len": {"kind": "lognormal", "mean": 600, "stddev": 0.7, "low": 16, "high": 4096},
+            "output_len": {"kind": "lognormal", "mean": 220, "stddev": 0.5, "low": 8, "high": 1024},
+            "warmup_requests": 8,
+            "slo": {"ttft": 500, "tpot": 50},
+        },
+    },
+    "RAG long-prompt": {
+        "description": "Retrieval-augmented answers: 4–8k-token prompts, short outputs, "
+        "Poisson arrivals; prefill and the KV cache are the bottleneck.",
+        "spec": {
+            "stages": [
+                {"name": "normal", "request_rate": 2.0, "max_concurrency": 64, "num_requests": 120},
+                {"name": "peak", "request_rate": 5.0, "max_concurrency": 128, "num_requests": 200},
+            ],
+            "input_len": {"kind": "uniform", "low": 4000, "high": 8000},
+            "output_len": {"kind": "normal", "mean": 200, "stddev": 60, "low": 32, "high": 512},
+            "warmup_requests": 4,
+            "slo": {"ttft": 2000, "tpot": 80},
+        },
+    },
+    "Offline batch": {
+        "description": "Throughput first: everything at once with high concurrency; judged "
+        "on tokens/s and cost per million tokens, with a loose end-to-end bound.",
+        "spec": {
+            "stages": [{"name": "batch", "concurrency": 256, "num_requests": 1000}],
+            "input_len": {"kind": "normal", "mean": 1000, "stddev": 300, "low": 64, "high": 4096},
+            "output_len": {"kind": "normal", "mean": 400, "stddev": 120, "low": 16, "high": 1024},
+            "warmup_requests": 16,
+            "slo": {"e2el": 120000},
+        },
+    },
+    "Shared system prompt": {
+        "description": "Agents and assistants that reuse a 2,000-token system prompt: 90 % "
+        "of requests share one of 4 prefixes. Run with prefix caching on and off.",
+        "spec": {
+            "stages": [{"name": "main", "concurrency": 32, "num_requests": 300}],
+            "input_len": {"kind": "normal", "mean": 300, "stddev": 100, "low": 16, "high": 1024},
+            "output_len": {"kind": "fixed", "mean": 150},
+            "prefix_len": 2000,
+            "prefix_groups": 4,
+            "prefix_share": 0.9,
+            "warmup_requests": 8,
+            "slo": {"ttft": 400, "tpot": 50},
+        },
+    },
+}
