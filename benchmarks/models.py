@@ -202,7 +202,13 @@ class BenchmarkRun(BackgroundOperation):
             models.CheckConstraint(
                 condition=models.Q(progress__gte=0.0) & models.Q(progress__lte=1.0),
                 name="run_progress_fraction",
-            )
+            ),
+            # Two load tests on one engine at once would measure each other.
+            models.UniqueConstraint(
+                fields=["deployment"],
+                condition=models.Q(status__in=["queued", "running"]),
+                name="run_one_active_per_deployment",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -2,8 +2,10 @@
 
 from django.urls import path
 
+from benchmarks.consumers import RunConsumer
 from hosts.consumers import HostConsumer
 
 websocket_urlpatterns = [
     path("ws/hosts/<int:pk>/", HostConsumer.as_asgi()),
+    path("ws/benchmarks/<int:pk>/", RunConsumer.as_asgi()),
 ]

@@ -104,6 +104,8 @@ def _read():
         "TRANSPORT_TIMEOUT": env_float("TRANSPORT_TIMEOUT_SECONDS", 5.0, minimum=0.1),
         "ENGINE_READY_TIMEOUT": env_float("ENGINE_READY_TIMEOUT_SECONDS", 600.0, minimum=1),
         "SSH_REMOTE_DIR": env_str("SSH_REMOTE_DIR", "~/.llm-panel"),
+        "BENCHMARK_MAX_SECONDS": env_float("BENCHMARK_MAX_SECONDS", 3 * 3600.0, minimum=10),
+        "BENCHMARK_READY_TIMEOUT": env_float("BENCHMARK_READY_TIMEOUT_SECONDS", 60.0, minimum=0.5),
     }
 
 
@@ -267,6 +269,10 @@ TELEMETRY_RAW_RETENTION_MINUTES = _env["TELEMETRY_RAW_MINUTES"]
 TELEMETRY_MINUTE_RETENTION_DAYS = _env["TELEMETRY_MINUTE_DAYS"]
 TRANSPORT_TIMEOUT = _env["TRANSPORT_TIMEOUT"]
 ENGINE_READY_TIMEOUT = _env["ENGINE_READY_TIMEOUT"]
+# The longest a benchmark may run (its task's time limit) when its profile does not bound it.
+BENCHMARK_MAX_SECONDS = _env["BENCHMARK_MAX_SECONDS"]
+# How long a run waits for the engine to answer /health and /v1/models before failing.
+BENCHMARK_READY_TIMEOUT = _env["BENCHMARK_READY_TIMEOUT"]
 SSH_REMOTE_DIR = _env["SSH_REMOTE_DIR"]
 if TELEMETRY_INTERVAL > 0:
     CELERY_BEAT_SCHEDULE["poll-telemetry"] = {

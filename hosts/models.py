@@ -351,6 +351,21 @@ class Deployment(models.Model):
     def active_operation(self) -> EngineOperation | None:
         return self.operations.filter(status__in=ACTIVE_STATUSES).first()
 
+    @property
+    def engine_url(self) -> str:
+        """Where the panel's workers reach the engine's OpenAI-compatible API."""
+        address = self.host.address
+        if ":" in address and not address.startswith("["):
+            address = f"[{address}]"
+        return f"http://{address}:{self.port}"
+
+    def api_key(self) -> str | None:
+        """The API key the engine was started with (``--api-key`` or ``VLLM_API_KEY``)."""
+        config = self.active_config
+        if config is None:
+            return None
+        return config.settings.get("api_key") or (config.env or {}).get("VLLM_API_KEY") or None
+
 
 class EngineConfig(models.Model):
     """One immutable, numbered version of a deployment's engine settings.

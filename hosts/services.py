@@ -432,6 +432,12 @@ def poll_telemetry() -> int:
         return sum(pool.map(_poll_in_thread, hosts))
 
 
+def poll_host(host: Host) -> int:
+    """One telemetry reading from ``host`` now (a benchmark that finds the samples stale
+    because no beat is polling); the same path as beat's, recorded the same way."""
+    return _poll_one(host)
+
+
 def _poll_in_thread(host: Host) -> int:
     from django.db import connection
 

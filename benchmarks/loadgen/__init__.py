@@ -4,8 +4,16 @@ from benchmarks.loadgen import LoadSpec, Stage, run
 result = run(LoadSpec(base_url="http://127.0.0.1:8000", model="m", stages=(Stage(),)))
 """
 
+from importlib import metadata
+
 from benchmarks.loadgen.runner import LoadGenError, LoadRun, Result, arun, run
 from benchmarks.loadgen.spec import Dataset, LengthDist, LoadSpec, SpecError, Stage, Trace
+
+try:
+    # The load generator ships with the panel: its version is the package's.
+    __version__ = metadata.version("llm-control-panel")
+except metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree
+    __version__ = "0+unknown"
 
 __all__ = [
     "Dataset",

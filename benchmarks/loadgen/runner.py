@@ -24,6 +24,9 @@ from benchmarks.loadgen.stats import RequestRecord, percentile, summarize
 from benchmarks.loadgen.transport import FastTransport
 
 ROLLING_WINDOW_S = 10.0
+# Per-request TTFTs handed to the live view each second, at most this many (evenly spread
+# over the second's completions): enough for a scatter, bounded at any request rate.
+TTFT_SAMPLES_PER_TICK = 100
 
 
 class LoadGenError(RuntimeError):
@@ -110,15 +113,21 @@ class LoadRun:
         self.completed = 0
         self.failed = 0
         self.recent_ttfts: deque[tuple[float, float]] = deque()  # (first token at, ttft)
+        self._tick_ttfts: list[tuple[float, float]] = []  # finished since the last tick
 
     # --- control --------------------------------------------------------------------------
-    def cancel(self) -> None:
-        """Stop sending, abort requests in flight, keep what was measured."""
+    def cancel(self, reason: str | None = None) -> None:
+        """Stop sending, abort requests in flight, keep what was measured. With a ``reason``
+        the run counts as stopped early (e.g. a time limit) rather than cancelled."""
         loop = self._loop
         if loop is None:
-            self.cancelled = True
+            if reason:
+                self.stopped_early = reason
+            else:
+                self.cancelled = True
             return
-        loop.call_soon_threadsafe(self._cancel_now)
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(self._cancel_now, reason)
 
     def _cancel_now(self, reason: str | None = None) -> None:
         if reason:
@@ -137,7 +146,7 @@ class LoadRun:
     async def execute(self) -> Result:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        if self.cancelled:
+        if self.cancelled or self.stopped_early:
             self._stop.set()
         spec = self.spec
         started_at = datetime.now(UTC).isoformat(timespec="seconds")
@@ -263,7 +272,9 @@ class LoadRun:
         if not record.warmup and record.error_class != "cancelled":
             if record.ok:
                 self.completed += 1
-                self.recent_ttfts.append((record.first_token, record.ttft * 1000))
+                sample = (record.first_token, record.ttft * 1000)
+                self.recent_ttfts.append(sample)
+                self._tick_ttfts.append(sample)
             else:
                 self.failed += 1
         self._check_error_rate()
@@ -405,6 +416,10 @@ class LoadRun:
         while window and window[0][0] < now - ROLLING_WINDOW_S:
             window.popleft()
         ttfts = sorted(ttft for _, ttft in window)
+        fresh, self._tick_ttfts = self._tick_ttfts, []
+        if len(fresh) > TTFT_SAMPLES_PER_TICK:
+            step = len(fresh) / TTFT_SAMPLES_PER_TICK
+            fresh = [fresh[int(i * step)] for i in range(TTFT_SAMPLES_PER_TICK)]
         last = self._last_tick
         elapsed = max(now - last.get("t", 0.0), 1e-9)
         server = scraper.last or {}
@@ -422,9 +437,12 @@ class LoadRun:
             "server_waiting": server.get("waiting"),
             "server_running": server.get("running"),
             "kv_cache_usage": server.get("kv_cache_usage"),
+            # [first token at (s), TTFT (ms)] of requests that finished in this tick.
+            "ttfts": [[round(t, 3), round(ms, 2)] for t, ms in fresh],
         }
         self._last_tick = {"t": now, "completed": completed, "failed": failed, "chunks": chunks}
-        self.timeline.append(point)
+        # The result's timeline stays small: the samples are for live views only.
+        self.timeline.append({k: v for k, v in point.items() if k != "ttfts"})
         return point
 
     def _result(self, scraper: Scraper, started_at: str) -> Result:

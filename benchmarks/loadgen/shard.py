@@ -133,6 +133,7 @@ def merge_points(points: list[dict]) -> dict:
         )
     for key in ("server_waiting", "server_running", "kv_cache_usage"):
         merged[key] = next((p[key] for p in points if p.get(key) is not None), None)
+    merged["ttfts"] = sorted(sample for p in points for sample in p.get("ttfts", ()))
     return merged
 
 
@@ -188,7 +189,7 @@ class ShardedRun:
                 pending.setdefault(tick, {})[worker] = payload
                 if len(pending[tick]) == k - len(done) or len(pending[tick]) == k:
                     point = merge_points(list(pending.pop(tick).values()))
-                    timeline.append(point)
+                    timeline.append({k: v for k, v in point.items() if k != "ttfts"})
                     if self.on_progress is not None:
                         self.on_progress(point)
         finally:

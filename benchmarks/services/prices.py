@@ -1,13 +1,42 @@
-"""Price workflows: which hourly price applies to a host, and keeping the price list."""
+"""Price workflows: which hourly price applies to a host, keeping the price list, and the cost
+page's report (the fleet's hourly bill and what each benchmarked config costs per unit of
+useful work). The arithmetic lives in ``benchmarks.cost``; this module fetches and arranges."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 from django.conf import settings
+from django.db import transaction
+from django.db.models import Count
 
+from benchmarks import cost
 from benchmarks.choices import Pricing
-from benchmarks.models import Price
+from benchmarks.models import BenchmarkRun, Price
+from controlpanel.choices import OperationStatus
+from controlpanel.services import audit, snapshot
+from hosts.models import Host
+
+DEFAULT_RUN_COUNT = 20
+PRICE_FIELDS = [
+    "name",
+    "pricing",
+    "hourly_price",
+    "currency",
+    "gpu_model",
+    "gpu_count",
+    "hosts",
+    "note",
+]
+
+
+def _host_price_source(host, pricing: str) -> str:
+    source = f"{host.name}'s hourly price"
+    if pricing != Pricing.ON_DEMAND:
+        # Said out loud: a spot page quietly showing on-demand prices would mislead.
+        source += f" (no {Pricing(pricing).label.lower()} price listed: on-demand)"
+    return source
 
 
 def hourly_price_for(host, pricing: str = Pricing.ON_DEMAND) -> tuple[Decimal, str, str]:
@@ -17,4 +46,351 @@ def hourly_price_for(host, pricing: str = Pricing.ON_DEMAND) -> tuple[Decimal, s
     price = Price.objects.filter(hosts=host, pricing=pricing).order_by("name").first()
     if price is not None:
         return price.hourly_price, price.currency, str(price)
-    return host.hourly_price, settings.PANEL_CURRENCY, f"{host.name}'s hourly price"
+    return host.hourly_price, settings.PANEL_CURRENCY, _host_price_source(host, pricing)
+
+
+def hourly_prices_for(hosts, pricing: str = Pricing.ON_DEMAND) -> dict:
+    """``hourly_price_for`` of many hosts in one query: {host pk: (price, currency, source)}."""
+    hosts = list(hosts)
+    links = (
+        Price.hosts.through.objects.filter(host__in=hosts, price__pricing=pricing)
+        .select_related("price")
+        .order_by("price__name")
+    )
+    found = {}
+    for link in links:
+        found.setdefault(link.host_id, link.price)
+    result = {}
+    for host in hosts:
+        price = found.get(host.pk)
+        if price is not None:
+            result[host.pk] = (price.hourly_price, price.currency, str(price))
+        else:
+            result[host.pk] = (
+                host.hourly_price,
+                settings.PANEL_CURRENCY,
+                _host_price_source(host, pricing),
+            )
+    return result
+
+
+# --- the price list -------------------------------------------------------------------------
+
+
+def _stored(price: Price) -> dict:
+    # Read back so both sides of a diff have the stored precision (2.5 is stored as 2.5000).
+    return snapshot(Price.objects.prefetch_related("hosts").get(pk=price.pk), PRICE_FIELDS)
+
+
+def create_price(actor, form) -> Price:
+    with transaction.atomic():
+        price = form.save()
+        audit(actor, "price.create", price, after=_stored(price))
+    return price
+
+
+def update_price(actor, price: Price, form) -> Price:
+    with transaction.atomic():
+        before = _stored(price)
+        price = form.save()
+        after = _stored(price)
+        if after != before:
+            audit(actor, "price.update", price, before=before, after=after)
+    return price
+
+
+def delete_price(actor, price: Price) -> None:
+    with transaction.atomic():
+        audit(actor, "price.delete", price, before=_stored(price))
+        price.delete()
+
+
+def price_rows(prices) -> list[dict]:
+    """The price list with per-GPU-hour and per-month figures."""
+    rows = []
+    for price in prices:
+        per_gpu = price.hourly_price / price.gpu_count if price.gpu_count else None
+        rows.append(
+            {
+                "price": price,
+                "per_gpu_hour": per_gpu,
+                "per_month": price.hourly_price * cost.HOURS_PER_MONTH,
+                "text": {
+                    "price": cost.money(price.hourly_price, price.currency, cost.EXACT),
+                    "per_gpu_hour": cost.money(per_gpu, price.currency),
+                },
+            }
+        )
+    return rows
+
+
+# --- the cost page --------------------------------------------------------------------------
+
+
+def fleet_summary() -> dict:
+    """Each host's own hourly price per hour, per GPU-hour and per month (730 h), and the
+    fleet's total (hosts' prices are all in the panel's currency)."""
+    hosts = list(Host.objects.annotate(gpu_count=Count("gpus")))
+    rows = []
+    for host in hosts:
+        per_gpu = host.hourly_price / host.gpu_count if host.gpu_count else None
+        rows.append(
+            {
+                "host": host,
+                "per_gpu_hour": per_gpu,
+                "per_month": host.hourly_price * cost.HOURS_PER_MONTH,
+            }
+        )
+    total = sum((h.hourly_price for h in hosts), Decimal("0"))
+    return {
+        "rows": rows,
+        "total_hour": total,
+        "total_month": total * cost.HOURS_PER_MONTH,
+        "currency": settings.PANEL_CURRENCY,
+    }
+
+
+@dataclass
+class CostReport:
+    """The cost page's run table, ranking, charts and worked formulas."""
+
+    currency: str
+    pricing: str
+    slo: cost.Slo
+    metric: str
+    utilisation: float
+    restart_overhead: float
+    rows: list[dict] = field(default_factory=list)
+    ranking: cost.Ranking | None = None
+    focus: dict | None = None
+    default_selection: bool = False
+    scatter: dict | None = None
+    bars: dict | None = None
+
+    @property
+    def cheapest(self) -> dict | None:
+        best = self.ranking.cheapest if self.ranking else None
+        return next((row for row in self.rows if best and row["run"].pk == best.key), None)
+
+    @property
+    def left_out(self) -> list[dict]:
+        """Rows priced in another currency than the panel's: shown, never ranked."""
+        return [row for row in self.rows if row["currency"] != self.currency]
+
+    @property
+    def pricing_label(self) -> str:
+        return Pricing(self.pricing).label
+
+    @property
+    def metric_label(self) -> str:
+        return cost.METRICS[self.metric]
+
+    @property
+    def serving_share(self) -> float:
+        return self.utilisation * (1 - self.restart_overhead)
+
+
+def selected_runs(pks=None):
+    """The runs to price: ``pks`` (any with results), else the latest succeeded ones; one
+    query, with everything the table shows."""
+    runs = BenchmarkRun.objects.select_related(
+        "deployment__host", "engine_config", "load_profile"
+    ).order_by("-created_at", "-pk")
+    if pks:
+        return list(runs.filter(pk__in=list(pks)))
+    return list(runs.filter(status=OperationStatus.SUCCEEDED)[:DEFAULT_RUN_COUNT])
+
+
+def cost_report(
+    runs=None,
+    *,
+    utilisation: float = 1.0,
+    restart_overhead: float = 0.0,
+    pricing: str = Pricing.ON_DEMAND,
+    slo: cost.Slo | None = None,
+    metric: str = "per_request",
+    focus=None,
+) -> CostReport:
+    """Price every run in ``runs`` (pks; default the latest succeeded runs) at its host's
+    current ``pricing`` price, rank those in the panel's currency that meet ``slo`` by
+    ``metric``, and work the formulas out for the ``focus`` run (default the cheapest)."""
+    slo = slo or cost.Slo()
+    report = CostReport(
+        currency=settings.PANEL_CURRENCY,
+        pricing=pricing,
+        slo=slo,
+        metric=metric,
+        utilisation=float(utilisation),
+        restart_overhead=float(restart_overhead),
+        default_selection=not runs,
+    )
+    chosen = selected_runs(runs)
+    hosts = {run.deployment.host.pk: run.deployment.host for run in chosen}
+    prices = hourly_prices_for(hosts.values(), pricing)
+    options = []
+    for run in chosen:
+        price, currency, source = prices[run.deployment.host_id]
+        run_cost = cost.RunCost.from_run(run, price, currency, utilisation, restart_overhead)
+        option = cost.Option(run.pk, run_cost, run.ttft_p95_ms, _label(run))
+        options.append(option)
+        report.rows.append(
+            {
+                "run": run,
+                "option": option,
+                "cost": run_cost,
+                "price": price,
+                "currency": currency,
+                "source": source,
+                "label": option.label,
+            }
+        )
+    report.ranking = cost.rank(options, slo, currency=report.currency, metric=metric)
+    best = report.ranking.cheapest
+    ranked = {option.key for option in report.ranking.ranked}
+    for row in report.rows:
+        option = row["option"]
+        row["status"] = report.ranking.status(option)
+        row["meets_slo"] = slo.meets(option.ttft_p95_ms, option.error_rate)
+        row["cheapest"] = best is not None and option.key == best.key
+        row["ranked"] = option.key in ranked
+        row["text"] = {
+            "price": cost.money(row["price"], significant=cost.EXACT),
+            "error_rate": cost.percent(row["cost"].error_rate),
+            **{key: cost.money(row["cost"].value(key)) for key in cost.METRICS},
+        }
+    report.focus = _focus(report.rows, focus)
+    report.scatter = _scatter(report)
+    report.bars = _bars(report)
+    return report
+
+
+def _label(run) -> str:
+    return f"#{run.pk} {run.label}" if run.label else f"#{run.pk}"
+
+
+def _focus(rows: list[dict], focus) -> dict | None:
+    if focus is not None:
+        for row in rows:
+            if row["run"].pk == focus:
+                return row
+    return next((row for row in rows if row["cheapest"]), None) or next(
+        (row for row in rows if row["cost"].per_request is not None), rows[0] if rows else None
+    )
+
+
+def _hover(row) -> str:
+    run = row["run"]
+    config = f"config v{run.engine_config.version}" if run.engine_config else "no config"
+    return f"{row['label']}<br>{run.deployment}<br>{config}<br>{run.load_profile or 'no profile'}"
+
+
+def _scatter(report: CostReport) -> dict | None:
+    """Cost per 1M output tokens against p95 TTFT, the SLO as a vertical line."""
+    points = [
+        row
+        for row in report.rows
+        if row["currency"] == report.currency
+        and row["cost"].per_million_output is not None
+        and row["run"].ttft_p95_ms is not None
+    ]
+    if not points:
+        return None
+    groups = (
+        ("meets the SLO", "#16a34a", "circle", lambda r: r["meets_slo"] and not r["cheapest"]),
+        ("misses the SLO", "#9ca3af", "circle", lambda r: not r["meets_slo"]),
+        ("cheapest meeting the SLO", "#2563eb", "star", lambda r: r["cheapest"]),
+    )
+    data = []
+    for name, colour, symbol, keep in groups:
+        chosen = [row for row in points if keep(row)]
+        if not chosen:
+            continue
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": name,
+                "x": [row["run"].ttft_p95_ms for row in chosen],
+                "y": [row["cost"].per_million_output for row in chosen],
+                "text": [_hover(row) for row in chosen],
+                "hovertemplate": "%{text}<br>p95 TTFT %{x:.0f} ms<br>%{y:.4f} "
+                + report.currency
+                + " per 1M output tokens<extra></extra>",
+                "marker": {
+                    "color": colour,
+                    "symbol": symbol,
+                    "size": 14 if symbol == "star" else 10,
+                },
+            }
+        )
+    layout = {
+        "height": 320,
+        "margin": {"t": 10, "b": 50, "l": 70, "r": 10},
+        "xaxis": {"title": {"text": "p95 TTFT (ms)"}, "rangemode": "tozero"},
+        "yaxis": {
+            "title": {"text": f"{report.currency} per 1M output tokens"},
+            "rangemode": "tozero",
+        },
+        "legend": {"orientation": "h", "y": -0.25},
+    }
+    if report.slo.ttft_p95_ms is not None:
+        layout["shapes"] = [
+            {
+                "type": "line",
+                "xref": "x",
+                "yref": "paper",
+                "x0": report.slo.ttft_p95_ms,
+                "x1": report.slo.ttft_p95_ms,
+                "y0": 0,
+                "y1": 1,
+                "line": {"color": "#dc2626", "dash": "dash", "width": 2},
+            }
+        ]
+        layout["annotations"] = [
+            {
+                "x": report.slo.ttft_p95_ms,
+                "y": 1,
+                "xref": "x",
+                "yref": "paper",
+                "text": f"SLO {cost.number(report.slo.ttft_p95_ms)} ms",
+                "showarrow": False,
+                "xanchor": "left",
+                "yanchor": "top",
+                "font": {"color": "#dc2626"},
+            }
+        ]
+    return {"data": data, "layout": layout}
+
+
+def _bars(report: CostReport) -> dict | None:
+    """Cost per successful request of each run in the panel's currency, cheapest first."""
+    rows = [
+        row
+        for row in report.rows
+        if row["currency"] == report.currency and row["cost"].per_request is not None
+    ]
+    if not rows:
+        return None
+    rows.sort(key=lambda row: row["cost"].per_request)
+
+    def colour(row):
+        return "#2563eb" if row["cheapest"] else "#16a34a" if row["meets_slo"] else "#9ca3af"
+
+    return {
+        "data": [
+            {
+                "type": "bar",
+                "x": [row["label"] for row in rows],
+                "y": [row["cost"].per_request for row in rows],
+                "text": [_hover(row) for row in rows],
+                "hovertemplate": "%{text}<br>%{y:.6f} " + report.currency + "<extra></extra>",
+                "marker": {"color": [colour(row) for row in rows]},
+            }
+        ],
+        "layout": {
+            "height": 320,
+            "margin": {"t": 10, "b": 80, "l": 80, "r": 10},
+            "xaxis": {"type": "category", "title": {"text": "run"}},
+            "yaxis": {"title": {"text": f"{report.currency} per successful request"}},
+        },
+    }

@@ -1,23 +1,123 @@
-"""STUB: being written."""
+"""Launching a benchmark, watching it live, cancelling it."""
 
-from django.http import HttpResponse
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import permission_required
+from django.http import Http404, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from benchmarks.forms.runs import RunForm
+from benchmarks.models import BenchmarkRun, LoadProfile, RunPoint, RunRequestLog
+from benchmarks.services import runs as services
+from benchmarks.services.runs import RunRefused
+
+PARTS = {"results": "benchmarks/_run_results.html", "facts": "benchmarks/_run_facts.html"}
+# Points embedded in the page; older ones keep their numbers but not the per-request TTFTs
+# (a long run's page stays light; the scatter shows the recent past).
+RECENT_WITH_SAMPLES = 300
 
 
-def run_new(request, *args, **kwargs):
-    return HttpResponse("not yet", status=501)
+@permission_required("benchmarks.add_benchmarkrun", raise_exception=True)
+def run_new(request):
+    profile = None
+    if pk := request.GET.get("profile", "").strip():
+        profile = LoadProfile.objects.filter(pk=pk).first() if pk.isdigit() else None
+    initial = {"load_profile": profile, "deployment": request.GET.get("deployment")}
+    form = RunForm(request.POST or None, initial=initial, extra_profile=profile)
+    if request.method == "POST" and form.is_valid():
+        try:
+            run = services.start_benchmark(
+                request.user,
+                form.cleaned_data["deployment"],
+                form.cleaned_data["load_profile"],
+                label=form.cleaned_data["label"],
+            )
+        except RunRefused as exc:
+            form.add_error(None, str(exc))
+        else:
+            return redirect(run)
+    return render(request, "benchmarks/run_new.html", {"form": form})
 
 
-def run_detail(request, *args, **kwargs):
-    return HttpResponse("not yet", status=501)
+@permission_required("benchmarks.view_benchmarkrun", raise_exception=True)
+def run_detail(request, pk):
+    run = _run(pk)
+    points = list(RunPoint.objects.filter(run=run).order_by("t").values_list("data", flat=True))
+    for point in points[:-RECENT_WITH_SAMPLES]:
+        point.pop("ttfts", None)
+    return render(request, "benchmarks/run_detail.html", {**_context(run), "points": points})
 
 
-def run_cancel(request, *args, **kwargs):
-    return HttpResponse("not yet", status=501)
+@permission_required("benchmarks.view_benchmarkrun", raise_exception=True)
+def run_part(request, pk, part):
+    """One fragment of the run page, re-fetched by htmx when the run's status changes."""
+    if part not in PARTS:
+        raise Http404("no such part")
+    return render(request, PARTS[part], _context(_run(pk)))
 
 
-def run_timeline(request, *args, **kwargs):
-    return HttpResponse("not yet", status=501)
+@permission_required("benchmarks.view_benchmarkrun", raise_exception=True)
+def run_timeline(request, pk):
+    """Points after ``?since=`` (seconds on the run's clock): the live charts' backfill."""
+    run = get_object_or_404(BenchmarkRun, pk=pk)
+    try:
+        since = float(request.GET.get("since", "-1"))
+    except ValueError:
+        return JsonResponse({"error": "since must be a number of seconds"}, status=400)
+    points = RunPoint.objects.filter(run=run, t__gt=since).order_by("t")
+    return JsonResponse(
+        {
+            "status": run.status,
+            "progress": run.progress,
+            "points": list(points.values_list("data", flat=True)[:5000]),
+        }
+    )
 
 
-def run_part(request, *args, **kwargs):
-    return HttpResponse("not yet", status=501)
+@require_POST
+@permission_required("benchmarks.change_benchmarkrun", raise_exception=True)
+def run_cancel(request, pk):
+    run = get_object_or_404(BenchmarkRun, pk=pk)
+    try:
+        services.cancel_benchmark(request.user, run)
+    except RunRefused as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.info(request, f"Cancelling {run}: requests in flight are aborted.")
+    return redirect(run)
+
+
+def _run(pk) -> BenchmarkRun:
+    return get_object_or_404(
+        BenchmarkRun.objects.select_related(
+            "deployment__host", "load_profile", "engine_config", "requested_by"
+        ),
+        pk=pk,
+    )
+
+
+def _context(run: BenchmarkRun) -> dict:
+    previous = (
+        BenchmarkRun.objects.filter(
+            deployment_id=run.deployment_id,
+            load_profile__name=run.load_profile.name if run.load_profile else None,
+            status="succeeded",
+            created_at__lt=run.created_at,
+        )
+        .order_by("-created_at")
+        .only("pk")
+        .first()
+        if run.load_profile
+        else None
+    )
+    return {
+        "run": run,
+        "previous": previous,
+        "stages": run.stages or {},
+        "server": run.server or {},
+        "errors": (run.summary or {}).get("errors_by_class") or {},
+        # exists(), not run.request_log: that would read the whole blob.
+        "has_log": RunRequestLog.objects.filter(run=run).exists(),
+    }

@@ -1,0 +1,581 @@
+"""Cost of useful work: an hourly price and a benchmark's measured throughput turned into cost
+per successful request and per million tokens, and the cheapest option that meets an SLO.
+
+PURE: imports nothing from Django, so the same arithmetic serves the cost page, the load
+generator's CLI and the tests. Inputs may be ``Decimal``, ``int`` or ``float``; results are
+floats (money to a fraction of a cent is a display question, not a storage one).
+
+The model, in the words a finance person would check it with:
+
+* The instance is paid for every hour (24 a day, 730 a month), whether it serves or idles.
+* It serves traffic at the measured rate for a share of those hours:
+  ``serving share = utilisation × (1 − restart overhead)``. Utilisation is the share of paid
+  time with traffic (the rest is idle); restart overhead is the share of that time lost to
+  restarts, model loading and failure recovery.
+* Failed requests earn nothing: every throughput here counts successful requests (and their
+  tokens) only, so the hours spent on failures are paid for by the successes.
+* ``cost per unit = hourly price ÷ (units per second × 3600 × serving share)``. A per-token
+  cost charges the whole hourly price to that kind of token, so the per-1M-output and
+  per-1M-input figures are two views of the same bill, not parts to add up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, NamedTuple
+
+SECONDS_PER_HOUR = 3600
+HOURS_PER_DAY = 24
+HOURS_PER_MONTH = 730  # 8,760 hours a year ÷ 12
+MILLION = 1_000_000
+# Significant digits in the worked formulas: enough that the numbers shown reproduce the result.
+EXACT = 8
+
+# What "cheapest" can mean: attribute of RunCost → words for the page.
+METRICS = {
+    "per_request": "cost per successful request",
+    "per_million_output": "cost per 1M output tokens",
+    "per_million_input": "cost per 1M input tokens",
+    "per_million_total": "cost per 1M tokens (input + output)",
+    "per_slo_request": "cost per request meeting the profile's SLOs",
+}
+
+
+# --- validation ---------------------------------------------------------------------------
+
+
+def _float(value, name: str) -> float | None:
+    """``value`` as a finite float (None stays None); anything else is a ValueError."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    number = float(value)
+    if math.isnan(number) or math.isinf(number):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return number
+
+
+def check_price(hourly_price) -> float:
+    price = _float(hourly_price, "hourly price")
+    if price is None:
+        raise ValueError("hourly price is missing")
+    if price < 0:
+        raise ValueError(f"hourly price must be 0 or more, got {price:g}")
+    return price
+
+
+def check_utilisation(utilisation) -> float:
+    value = _float(utilisation, "utilisation")
+    if value is None or not 0 < value <= 1:
+        raise ValueError(
+            f"utilisation must be more than 0 and at most 1 (100 %), got {utilisation!r}"
+        )
+    return value
+
+
+def check_restart_overhead(restart_overhead) -> float:
+    value = _float(restart_overhead, "restart overhead")
+    if value is None or not 0 <= value < 1:
+        raise ValueError(
+            f"restart overhead must be at least 0 and less than 1 (100 %), got {restart_overhead!r}"
+        )
+    return value
+
+
+def _check_rate(value, name: str) -> float | None:
+    rate = _float(value, name)
+    if rate is not None and rate < 0:
+        raise ValueError(f"{name} must be 0 or more, got {rate:g}")
+    return rate
+
+
+def _check_share(value, name: str) -> float | None:
+    share = _float(value, name)
+    if share is not None and not 0 <= share <= 1:
+        raise ValueError(f"{name} must be between 0 and 1, got {share:g}")
+    return share
+
+
+# --- the formulas ---------------------------------------------------------------------------
+
+
+def serving_share(utilisation=1.0, restart_overhead=0.0) -> float:
+    """The share of paid hours spent serving at the measured rate."""
+    return check_utilisation(utilisation) * (1 - check_restart_overhead(restart_overhead))
+
+
+def cost_per_unit(
+    hourly_price, units_per_s, utilisation=1.0, restart_overhead=0.0, per: float = 1
+) -> float | None:
+    """``per`` units' share of the hourly price at ``units_per_s`` while serving. None when
+    nothing is produced (no rate measured, or zero) or no price is known."""
+    share = serving_share(utilisation, restart_overhead)
+    rate = _check_rate(units_per_s, "throughput")
+    price = None if hourly_price is None else check_price(hourly_price)
+    if price is None or not rate:
+        return None
+    return price / (rate * SECONDS_PER_HOUR * share) * per
+
+
+def cost_per_million(
+    hourly_price, tokens_per_s, utilisation=1.0, restart_overhead=0.0
+) -> float | None:
+    """Price of a million tokens: hourly price ÷ (tokens/s × 3600 × serving share) × 10⁶."""
+    return cost_per_unit(hourly_price, tokens_per_s, utilisation, restart_overhead, per=MILLION)
+
+
+def cost_per_request(
+    hourly_price, requests_per_s, utilisation=1.0, restart_overhead=0.0
+) -> float | None:
+    """Price of one successful request: hourly price ÷ (successful req/s × 3600 × share)."""
+    return cost_per_unit(hourly_price, requests_per_s, utilisation, restart_overhead)
+
+
+# --- display --------------------------------------------------------------------------------
+
+
+def number(value, significant: int = 4, min_decimals: int = 0) -> str:
+    """``value`` to ``significant`` digits with thousands separators, trailing zeros dropped
+    down to ``min_decimals`` ("1,280", "0.45", "0.0001543"); "—" for None."""
+    if value is None:
+        return "—"
+    value = float(value)
+    if value == 0 or math.isnan(value) or math.isinf(value):
+        decimals = min_decimals
+    else:
+        magnitude = math.floor(math.log10(abs(value)))
+        decimals = max(min_decimals, significant - 1 - magnitude)
+    text = f"{value:,.{decimals}f}"
+    if "." in text:
+        whole, frac = text.split(".")
+        frac = frac.rstrip("0").ljust(min_decimals, "0")
+        text = f"{whole}.{frac}" if frac else whole
+    return text
+
+
+def money(value, currency: str = "", significant: int = 4) -> str:
+    """An amount of money: at least 2 decimals, ``significant`` digits for small amounts."""
+    if value is None:
+        return "—"
+    text = number(value, significant=significant, min_decimals=2)
+    return f"{text} {currency}" if currency else text
+
+
+def percent(share) -> str:
+    return "—" if share is None else f"{number(share * 100, significant=3)} %"
+
+
+class Formula(NamedTuple):
+    """One line of the worked calculation: what it is, the rule, the rule with the numbers."""
+
+    what: str
+    rule: str
+    worked: str
+
+    def __str__(self) -> str:
+        return f"{self.what} = {self.rule} = {self.worked}"
+
+
+# --- one run --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """What a run's measured throughput costs at an hourly price, with the instance serving
+    ``utilisation`` of the paid time and losing ``restart_overhead`` of that to restarts.
+
+    Throughputs are of successful requests only (failed ones earn nothing); any may be None
+    when not measured, and the costs built on it are then None too.
+    """
+
+    hourly_price: float
+    currency: str = ""
+    requests_per_s: float | None = None
+    output_tokens_per_s: float | None = None
+    input_tokens_per_s: float | None = None
+    goodput_rps: float | None = None
+    error_rate: float | None = None
+    utilisation: float = 1.0
+    restart_overhead: float = 0.0
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        set_(self, "hourly_price", check_price(self.hourly_price))
+        set_(self, "utilisation", check_utilisation(self.utilisation))
+        set_(self, "restart_overhead", check_restart_overhead(self.restart_overhead))
+        for name, words in (
+            ("requests_per_s", "successful requests per second"),
+            ("output_tokens_per_s", "output tokens per second"),
+            ("input_tokens_per_s", "input tokens per second"),
+            ("goodput_rps", "goodput (requests per second)"),
+        ):
+            set_(self, name, _check_rate(getattr(self, name), words))
+        set_(self, "error_rate", _check_share(self.error_rate, "error rate"))
+        set_(self, "currency", self.currency or "")
+
+    @classmethod
+    def from_run(
+        cls,
+        run: Any,
+        hourly_price,
+        currency: str = "",
+        utilisation=1.0,
+        restart_overhead=0.0,
+    ) -> RunCost:
+        """From anything with a benchmark run's headline attributes (``request_throughput``,
+        ``output_tokens_per_s``, ``input_tokens_total``, ``duration_s``, ``goodput_rps``,
+        ``error_rate``, ``completed``, ``failed``)."""
+        duration = getattr(run, "duration_s", None)
+        input_total = getattr(run, "input_tokens_total", None)
+        input_rate = input_total / duration if input_total is not None and duration else None
+        error_rate = getattr(run, "error_rate", None)
+        if error_rate is None:
+            done, failed = getattr(run, "completed", None), getattr(run, "failed", None)
+            if done is not None and failed is not None and done + failed:
+                error_rate = failed / (done + failed)
+        return cls(
+            hourly_price=hourly_price,
+            currency=currency,
+            requests_per_s=getattr(run, "request_throughput", None),
+            output_tokens_per_s=getattr(run, "output_tokens_per_s", None),
+            input_tokens_per_s=input_rate,
+            goodput_rps=getattr(run, "goodput_rps", None),
+            error_rate=error_rate,
+            utilisation=utilisation,
+            restart_overhead=restart_overhead,
+        )
+
+    # --- hours ------------------------------------------------------------------------------
+    @property
+    def serving_share(self) -> float:
+        return self.utilisation * (1 - self.restart_overhead)
+
+    @property
+    def paid_hours_per_day(self) -> float:
+        return float(HOURS_PER_DAY)
+
+    @property
+    def paid_hours_per_month(self) -> float:
+        return float(HOURS_PER_MONTH)
+
+    @property
+    def serving_hours_per_day(self) -> float:
+        return HOURS_PER_DAY * self.serving_share
+
+    @property
+    def serving_hours_per_month(self) -> float:
+        return HOURS_PER_MONTH * self.serving_share
+
+    @property
+    def cost_per_day(self) -> float:
+        return self.hourly_price * HOURS_PER_DAY
+
+    @property
+    def cost_per_month(self) -> float:
+        return self.hourly_price * HOURS_PER_MONTH
+
+    # --- rates per paid hour ----------------------------------------------------------------
+    def _per_paid_hour(self, rate: float | None) -> float | None:
+        return None if rate is None else rate * SECONDS_PER_HOUR * self.serving_share
+
+    @property
+    def total_tokens_per_s(self) -> float | None:
+        if self.input_tokens_per_s is None or self.output_tokens_per_s is None:
+            return None
+        return self.input_tokens_per_s + self.output_tokens_per_s
+
+    @property
+    def requests_per_paid_hour(self) -> float | None:
+        return self._per_paid_hour(self.requests_per_s)
+
+    @property
+    def requests_per_month(self) -> float | None:
+        per_hour = self.requests_per_paid_hour
+        return None if per_hour is None else per_hour * HOURS_PER_MONTH
+
+    # --- costs ------------------------------------------------------------------------------
+    def _cost(self, rate: float | None, per: float = 1) -> float | None:
+        return cost_per_unit(self.hourly_price, rate, self.utilisation, self.restart_overhead, per)
+
+    @property
+    def per_request(self) -> float | None:
+        return self._cost(self.requests_per_s)
+
+    @property
+    def per_million_output(self) -> float | None:
+        return self._cost(self.output_tokens_per_s, MILLION)
+
+    @property
+    def per_million_input(self) -> float | None:
+        return self._cost(self.input_tokens_per_s, MILLION)
+
+    @property
+    def per_million_total(self) -> float | None:
+        return self._cost(self.total_tokens_per_s, MILLION)
+
+    @property
+    def per_slo_request(self) -> float | None:
+        return self._cost(self.goodput_rps)
+
+    def value(self, metric: str) -> float | None:
+        if metric not in METRICS:
+            raise ValueError(f"unknown cost metric {metric!r}: one of {', '.join(METRICS)}")
+        return getattr(self, metric)
+
+    # --- the worked calculation -------------------------------------------------------------
+    def formula_table(self) -> list[Formula]:
+        """Every figure as its rule and the rule with this run's numbers substituted."""
+        c = self.currency
+        price = money(self.hourly_price, c, EXACT)
+        share = number(self.serving_share, EXACT)
+        rows = [
+            Formula(
+                "Serving share",
+                "utilisation × (1 − restart overhead)",
+                f"{number(self.utilisation, EXACT)} × (1 − {number(self.restart_overhead, EXACT)})"
+                f" = {share}",
+            ),
+            Formula(
+                "Paid hours",
+                f"{HOURS_PER_DAY} a day, {HOURS_PER_MONTH} a month (8,760 h ÷ 12), idle or not",
+                f"{price}/h × {HOURS_PER_DAY} = {money(self.cost_per_day, c, EXACT)} a day; "
+                f"{price}/h × {HOURS_PER_MONTH} = {money(self.cost_per_month, c, EXACT)} a month",
+            ),
+            Formula(
+                "Serving hours",
+                "paid hours × serving share",
+                f"{HOURS_PER_DAY} × {share} = {number(self.serving_hours_per_day, EXACT)} h a day; "
+                f"{HOURS_PER_MONTH} × {share} = {number(self.serving_hours_per_month, EXACT)} h "
+                "a month",
+            ),
+        ]
+        rows.append(
+            Formula(
+                "Failed requests",
+                "earn nothing: every throughput below counts successful requests only",
+                f"error rate {percent(self.error_rate)}; the time spent on failures is paid "
+                "for by the successful requests",
+            )
+        )
+        rows.append(
+            self._unit_formula(
+                "Cost per successful request",
+                "hourly price ÷ (successful requests/s × 3600 × serving share)",
+                self.requests_per_s,
+                self.per_request,
+            )
+        )
+        rows.append(
+            self._unit_formula(
+                "Cost per 1M output tokens",
+                "hourly price ÷ (output tokens/s × 3600 × serving share) × 1,000,000 "
+                "(the whole hourly price charged to output tokens)",
+                self.output_tokens_per_s,
+                self.per_million_output,
+                MILLION,
+            )
+        )
+        rows.append(
+            self._unit_formula(
+                "Cost per 1M input tokens",
+                "hourly price ÷ (input tokens/s × 3600 × serving share) × 1,000,000 "
+                "(the whole hourly price charged to input tokens: not to be added to the "
+                "output figure)",
+                self.input_tokens_per_s,
+                self.per_million_input,
+                MILLION,
+            )
+        )
+        rows.append(
+            self._unit_formula(
+                "Cost per 1M tokens (input + output)",
+                "hourly price ÷ ((input + output tokens/s) × 3600 × serving share) × 1,000,000",
+                self.total_tokens_per_s,
+                self.per_million_total,
+                MILLION,
+            )
+        )
+        rows.append(
+            self._unit_formula(
+                "Cost per request meeting the profile's SLOs",
+                "hourly price ÷ (goodput requests/s × 3600 × serving share)",
+                self.goodput_rps,
+                self.per_slo_request,
+            )
+        )
+        return rows
+
+    def _unit_formula(
+        self, what: str, rule: str, rate: float | None, result: float | None, per: int = 1
+    ) -> Formula:
+        c = self.currency
+        price = money(self.hourly_price, c, EXACT)
+        if not rate:
+            return Formula(what, rule, "not measured" if rate is None else "nothing produced")
+        per_hour = rate * SECONDS_PER_HOUR * self.serving_share
+        scale = f" × {number(per)}" if per != 1 else ""
+        worked = (
+            f"{price} ÷ ({number(rate, EXACT)} × {SECONDS_PER_HOUR:,} × "
+            f"{number(self.serving_share, EXACT)}){scale} = {price} ÷ "
+            f"{number(per_hour, EXACT)}{scale} = {money(result, c, EXACT)}"
+        )
+        return Formula(what, rule, worked)
+
+    def formulas(self) -> list[str]:
+        """The worked calculation as text lines (see ``formula_table``)."""
+        return [str(row) for row in self.formula_table()]
+
+
+# --- choosing -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Slo:
+    """What a run must achieve to count: p95 TTFT at most ``ttft_p95_ms`` and, optionally,
+    an error rate (a fraction) at most ``max_error_rate``. None means no limit."""
+
+    ttft_p95_ms: float | None = None
+    max_error_rate: float | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "ttft_p95_ms", _check_rate(self.ttft_p95_ms, "p95 TTFT limit"))
+        object.__setattr__(
+            self, "max_error_rate", _check_share(self.max_error_rate, "error rate limit")
+        )
+
+    def misses(self, ttft_p95_ms, error_rate) -> list[str]:
+        """Why a run with these numbers misses the SLO (empty when it meets it)."""
+        reasons = []
+        if self.ttft_p95_ms is not None:
+            if ttft_p95_ms is None:
+                reasons.append("no p95 TTFT measured")
+            elif ttft_p95_ms > self.ttft_p95_ms:
+                reasons.append(f"p95 TTFT {number(ttft_p95_ms)} ms > {number(self.ttft_p95_ms)} ms")
+        if self.max_error_rate is not None:
+            if error_rate is None:
+                reasons.append("no error rate measured")
+            elif error_rate > self.max_error_rate:
+                reasons.append(f"error rate {percent(error_rate)} > {percent(self.max_error_rate)}")
+        return reasons
+
+    def meets(self, ttft_p95_ms, error_rate) -> bool:
+        return not self.misses(ttft_p95_ms, error_rate)
+
+    def describe(self) -> str:
+        parts = []
+        if self.ttft_p95_ms is not None:
+            parts.append(f"p95 TTFT ≤ {number(self.ttft_p95_ms)} ms")
+        if self.max_error_rate is not None:
+            parts.append(f"error rate ≤ {percent(self.max_error_rate)}")
+        return " and ".join(parts) or "no SLO"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One candidate (a run of a config on an instance) with its cost and latency."""
+
+    key: Any
+    cost: RunCost
+    ttft_p95_ms: float | None = None
+    label: str = ""
+
+    @property
+    def currency(self) -> str:
+        return self.cost.currency
+
+    @property
+    def error_rate(self) -> float | None:
+        return self.cost.error_rate
+
+
+@dataclass
+class Ranking:
+    """Options sorted for one currency and one cost metric: those meeting the SLO cheapest
+    first, and every other option with the reason it was left out."""
+
+    currency: str
+    metric: str
+    slo: Slo
+    ranked: list[Option] = field(default_factory=list)
+    missed: dict[Any, list[str]] = field(default_factory=dict)
+    other_currency: list[Option] = field(default_factory=list)
+    unpriced: dict[Any, str] = field(default_factory=dict)
+
+    @property
+    def cheapest(self) -> Option | None:
+        return self.ranked[0] if self.ranked else None
+
+    def status(self, option: Option) -> str:
+        """A few words on where ``option`` stands."""
+        if option.key in {other.key for other in self.other_currency}:
+            return (
+                f"priced in {option.currency or 'no currency'}: not ranked against {self.currency}"
+            )
+        if option.key in self.unpriced:
+            return self.unpriced[option.key]
+        if option.key in self.missed:
+            return "misses the SLO: " + "; ".join(self.missed[option.key])
+        if self.cheapest is not None and option.key == self.cheapest.key:
+            return "cheapest meeting the SLO"
+        place = [ranked.key for ranked in self.ranked].index(option.key) + 1
+        return f"meets the SLO (#{place})"
+
+
+def rank(
+    options: Iterable[Option], slo: Slo | None = None, *, currency: str, metric="per_request"
+) -> Ranking:
+    """Rank ``options`` priced in ``currency`` by ``metric`` among those meeting ``slo``.
+
+    Options in another currency are set aside (money in two currencies is never compared),
+    as are those without a cost (no throughput measured) or with a zero price (no price set:
+    free is not cheap, it is unknown). Ties keep the order given.
+    """
+    if metric not in METRICS:
+        raise ValueError(f"unknown cost metric {metric!r}: one of {', '.join(METRICS)}")
+    slo = slo or Slo()
+    ranking = Ranking(currency=currency, metric=metric, slo=slo)
+    meeting = []
+    for option in options:
+        if option.currency != currency:
+            ranking.other_currency.append(option)
+            continue
+        value = option.cost.value(metric)
+        if option.cost.hourly_price == 0:
+            ranking.unpriced[option.key] = "no price set (0 per hour): not ranked"
+            continue
+        if value is None:
+            ranking.unpriced[option.key] = f"no {METRICS[metric]}: nothing measured"
+            continue
+        reasons = slo.misses(option.ttft_p95_ms, option.error_rate)
+        if reasons:
+            ranking.missed[option.key] = reasons
+            continue
+        meeting.append((value, option))
+    meeting.sort(key=lambda pair: pair[0])
+    ranking.ranked = [option for _, option in meeting]
+    return ranking
+
+
+def cheapest(
+    options: Iterable[Option],
+    slo: Slo | None = None,
+    *,
+    currency: str | None = None,
+    metric: str = "per_request",
+) -> Option | None:
+    """The cheapest option meeting ``slo`` by ``metric`` (None if none does). Options in
+    several currencies need ``currency`` to say which to rank: they are never compared."""
+    options = list(options)
+    if currency is None:
+        currencies = sorted({option.currency for option in options})
+        if len(currencies) > 1:
+            raise ValueError(
+                f"options are priced in several currencies ({', '.join(currencies)}): "
+                "say which currency to rank; prices in different currencies are not compared"
+            )
+        currency = currencies[0] if currencies else ""
+    return rank(options, slo, currency=currency, metric=metric).cheapest

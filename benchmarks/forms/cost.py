@@ -1,0 +1,179 @@
+"""Forms of the cost page (its GET parameters) and of the price list."""
+
+from __future__ import annotations
+
+import re
+
+from django import forms
+from django.core.exceptions import NON_FIELD_ERRORS
+
+from benchmarks import cost
+from benchmarks.choices import Pricing
+from benchmarks.models import BenchmarkRun, Price
+from hosts.models import Host
+
+RUN_CHOICES_SHOWN = 100
+CURRENCY = re.compile(r"^[A-Z]{3}$")
+
+
+class CostForm(forms.Form):
+    """What the cost page assumes: how much of the paid time serves traffic, the pricing,
+    the SLO a run must meet and which runs to compare. Every field has a default, so a bare
+    ``/cost/`` is a valid request."""
+
+    DEFAULTS = {
+        "utilisation_pct": "100",
+        "restart_overhead_pct": "0",
+        "pricing": Pricing.ON_DEMAND,
+        "slo_ttft_p95_ms": "500",
+        "max_error_rate_pct": "",
+        "rank_by": "per_request",
+    }
+
+    utilisation_pct = forms.FloatField(
+        label="Utilisation (%)",
+        help_text="Share of the paid hours with traffic at the measured rate; the rest is idle.",
+    )
+    restart_overhead_pct = forms.FloatField(
+        label="Restart overhead (%)",
+        help_text="Share of the serving time lost to restarts, model loading and recovery.",
+    )
+    pricing = forms.ChoiceField(choices=Pricing.choices)
+    slo_ttft_p95_ms = forms.FloatField(
+        label="SLO: p95 TTFT at most (ms)", required=False, min_value=0
+    )
+    max_error_rate_pct = forms.FloatField(
+        label="SLO: error rate at most (%)",
+        required=False,
+        min_value=0,
+        max_value=100,
+        help_text="Empty: any error rate.",
+    )
+    rank_by = forms.ChoiceField(label="Cheapest by", choices=list(cost.METRICS.items()))
+    runs = forms.ModelMultipleChoiceField(
+        queryset=BenchmarkRun.objects.filter(completed__isnull=False),
+        required=False,
+        help_text="Empty: the latest 20 succeeded runs.",
+        widget=forms.SelectMultiple(attrs={"size": 6}),
+    )
+    focus = forms.IntegerField(required=False, widget=forms.HiddenInput)
+
+    def __init__(self, query=None, **kwargs):
+        data = query.copy() if query is not None else None
+        if data is not None:
+            for key, value in self.DEFAULTS.items():
+                if key not in data:
+                    data[key] = value
+        else:
+            data = self.DEFAULTS
+        super().__init__(data, **kwargs)
+        # The select lists recent runs, not all 10,000: the query string may name any other.
+        selected = data.getlist("runs") if hasattr(data, "getlist") else []
+        shown = BenchmarkRun.objects.filter(completed__isnull=False).order_by("-created_at", "-pk")
+        rows = list(
+            shown.values_list(
+                "pk", "label", "deployment__host__name", "deployment__name", "status"
+            )[:RUN_CHOICES_SHOWN]
+        )
+        known = {str(row[0]) for row in rows}
+        extra = [pk for pk in selected if pk.isdigit() and pk not in known]
+        if extra:
+            rows += list(
+                shown.filter(pk__in=extra).values_list(
+                    "pk", "label", "deployment__host__name", "deployment__name", "status"
+                )
+            )
+        self.fields["runs"].widget.choices = [
+            (pk, f"#{pk} {label} · {host}/{name}{'' if status == 'succeeded' else ' · ' + status}")
+            for pk, label, host, name, status in rows
+        ]
+
+    def clean_utilisation_pct(self):
+        value = self.cleaned_data["utilisation_pct"]
+        if not 0 < value <= 100:
+            raise forms.ValidationError("Utilisation must be more than 0 % and at most 100 %.")
+        return value
+
+    def clean_restart_overhead_pct(self):
+        value = self.cleaned_data["restart_overhead_pct"]
+        if not 0 <= value < 100:
+            raise forms.ValidationError(
+                "Restart overhead must be at least 0 % and less than 100 %."
+            )
+        return value
+
+    def report_arguments(self) -> dict:
+        """Keyword arguments of ``benchmarks.services.prices.cost_report``."""
+        data = self.cleaned_data
+        error = data.get("max_error_rate_pct")
+        return {
+            "runs": [run.pk for run in data.get("runs") or []],
+            "utilisation": data["utilisation_pct"] / 100,
+            "restart_overhead": data["restart_overhead_pct"] / 100,
+            "pricing": data["pricing"],
+            "slo": cost.Slo(
+                ttft_p95_ms=data.get("slo_ttft_p95_ms"),
+                max_error_rate=None if error is None else error / 100,
+            ),
+            "metric": data["rank_by"],
+            "focus": data.get("focus"),
+        }
+
+
+class PriceForm(forms.ModelForm):
+    """One instance type's hourly price under one pricing, and the hosts of that type."""
+
+    class Meta:
+        model = Price
+        fields = [
+            "name",
+            "pricing",
+            "hourly_price",
+            "currency",
+            "gpu_model",
+            "gpu_count",
+            "hosts",
+            "note",
+        ]
+        widgets = {"hosts": forms.SelectMultiple(attrs={"size": 8})}
+        help_texts = {
+            "hourly_price": "Per hour for the whole instance (all its GPUs).",
+            "currency": "ISO 4217 code, e.g. USD, EUR.",
+            "hosts": "The hosts that are this instance type (hold Ctrl/⌘ to pick several).",
+        }
+        error_messages = {
+            NON_FIELD_ERRORS: {
+                "unique_together": "This instance type already has a price under this "
+                "pricing: edit that one instead."
+            }
+        }
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["hosts"].queryset = Host.objects.order_by("name")
+
+    def clean_currency(self):
+        value = self.cleaned_data["currency"].strip().upper()
+        if not CURRENCY.match(value):
+            raise forms.ValidationError("A currency is three letters, e.g. USD.")
+        return value
+
+    def clean(self):
+        data = super().clean()
+        hosts, pricing = data.get("hosts"), data.get("pricing")
+        if hosts and pricing:
+            # Two prices for one host under one pricing would make its cost a coin toss.
+            taken = (
+                Price.hosts.through.objects.filter(host__in=hosts, price__pricing=pricing)
+                .exclude(price_id=self.instance.pk)
+                .select_related("host", "price")
+                .order_by("host__name")
+            )
+            clashes = [f"{link.host.name} ({link.price.name})" for link in taken]
+            if clashes:
+                self.add_error(
+                    "hosts",
+                    f"Already priced under {Pricing(pricing).label.lower()}: "
+                    f"{', '.join(clashes)}. A host has one price per pricing.",
+                )
+        return data

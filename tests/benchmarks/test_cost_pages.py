@@ -1,0 +1,495 @@
+"""The cost page, the price list and the price services: numbers, ranking, charts, form
+errors, permissions and audit entries."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from benchmarks.models import Price
+from benchmarks.services import prices as services
+from controlpanel.models import AuditEntry
+from tests.factories import (
+    make_config,
+    make_deployment,
+    make_finished_run,
+    make_gpu,
+    make_host,
+    make_run,
+)
+
+pytestmark = pytest.mark.django_db
+
+# $2.50/h at 1280 output tok/s: 2.50 / (1280 × 3600) × 1e6
+PER_M_OUTPUT = 0.542534722222222
+# 10 successful req/s: 2.50 / 36,000
+PER_REQUEST = 6.944444444444444e-05
+
+
+def cost_page(client, user, **params):
+    client.force_login(user)
+    response = client.get(reverse("cost"), params)
+    assert response.status_code == 200
+    return response
+
+
+def rows_by_run(response):
+    return {row["run"].pk: row for row in response.context["report"].rows}
+
+
+# --- fleet summary --------------------------------------------------------------------------
+
+
+def test_fleet_summary_per_gpu_hour_and_month(client, viewer):
+    host = make_host(name="pricey", hourly_price=Decimal("8.00"))
+    make_gpu(host)
+    make_gpu(host)
+    make_host(name="cheap", hourly_price=Decimal("2.00"))
+    response = cost_page(client, viewer)
+    assert response.context["total_hour"] == Decimal("10.00")
+    assert response.context["total_month"] == Decimal("7300.00")
+    rows = {row["host"].name: row for row in response.context["rows"]}
+    assert rows["pricey"]["per_gpu_hour"] == Decimal("4")
+    assert rows["pricey"]["per_month"] == Decimal("5840")
+    assert rows["cheap"]["per_gpu_hour"] is None
+    assert reverse("benchmarks:prices") in response.content.decode()
+
+
+# --- one run's numbers ----------------------------------------------------------------------
+
+
+def test_run_costs_at_the_measured_throughput(client, viewer):
+    run = make_finished_run(label="base")  # host at 2.50/h, 10 req/s, 1280 tok/s
+    row = rows_by_run(cost_page(client, viewer))[run.pk]
+    assert row["price"] == Decimal("2.5000") and row["currency"] == "USD"
+    assert row["cost"].per_request == pytest.approx(PER_REQUEST)
+    assert row["cost"].per_million_output == pytest.approx(PER_M_OUTPUT)
+    # 307,200 input tokens in 60 s = 5120 tok/s: 2.50 / 18,432,000 × 1e6
+    assert row["cost"].per_million_input == pytest.approx(0.1356336805555556)
+    assert row["meets_slo"] and row["cheapest"]
+    assert row["text"]["per_million_output"] == "0.5425"
+
+
+def test_utilisation_and_restart_overhead_from_the_form(client, viewer):
+    run = make_finished_run()
+    response = cost_page(client, viewer, utilisation_pct="50", restart_overhead_pct="10")
+    row = rows_by_run(response)[run.pk]
+    # serving share 0.5 × 0.9 = 0.45
+    assert row["cost"].per_million_output == pytest.approx(PER_M_OUTPUT / 0.45)
+    assert row["cost"].per_request == pytest.approx(2.50 / 16_200)
+    page = response.content.decode()
+    assert "0.5 × (1 − 0.1) = 0.45" in page
+    assert "2.50 USD ÷ 2,073,600 × 1,000,000 = 1.2056327 USD" in page
+
+
+def test_failed_requests_earn_nothing_on_the_page(client, viewer):
+    # 600 sent, 60 failed in 60 s: 9 successful req/s.
+    run = make_finished_run(completed=540, failed=60, error_rate=0.1, request_throughput=9.0)
+    row = rows_by_run(cost_page(client, viewer))[run.pk]
+    assert row["cost"].per_request == pytest.approx(2.50 / 32_400)
+    assert row["text"]["error_rate"] == "10 %"
+
+
+def test_default_selection_is_the_latest_20_succeeded_runs(client, viewer):
+    deployment = make_deployment()
+    runs = [make_finished_run(deployment) for _ in range(22)]
+    make_run(deployment, status="failed")
+    response = cost_page(client, viewer)
+    shown = set(rows_by_run(response))
+    assert shown == {run.pk for run in runs[-20:]}
+    assert response.context["report"].default_selection
+
+
+def test_chosen_runs_only(client, viewer):
+    a, b, c = (make_finished_run() for _ in range(3))
+    response = cost_page(client, viewer, runs=[a.pk, c.pk])
+    assert set(rows_by_run(response)) == {a.pk, c.pk}
+    assert not response.context["report"].default_selection
+
+
+def test_price_list_pricing_is_used_and_said(client, viewer):
+    host = make_host(hourly_price=Decimal("4.00"))
+    run = make_finished_run(make_deployment(host))
+    spot = Price.objects.create(name="p5.48xlarge", pricing="spot", hourly_price=Decimal("1.25"))
+    spot.hosts.add(host)
+    row = rows_by_run(cost_page(client, viewer, pricing="spot"))[run.pk]
+    assert row["price"] == Decimal("1.2500")
+    assert row["source"] == "p5.48xlarge (Spot / preemptible)"
+    assert row["cost"].per_request == pytest.approx(1.25 / 36_000)
+    # Reserved is not listed for this host: its own price, and the page says so.
+    row = rows_by_run(cost_page(client, viewer, pricing="reserved"))[run.pk]
+    assert row["price"] == Decimal("4.0000")
+    assert "no reserved / committed price listed" in row["source"]
+
+
+def test_runs_query_does_not_grow_with_the_runs(client, viewer):
+    deployment = make_deployment()
+    make_config(deployment)
+    for _ in range(2):
+        make_finished_run(deployment, engine_config=deployment.configs.first())
+    client.force_login(viewer)
+    with CaptureQueriesContext(connection) as few:
+        client.get(reverse("cost"))
+    for _ in range(10):
+        make_finished_run(make_deployment(), engine_config=None)
+    with CaptureQueriesContext(connection) as many:
+        client.get(reverse("cost"))
+    assert len(many) == len(few)
+
+
+# --- ranking --------------------------------------------------------------------------------
+
+
+def test_cheapest_meeting_the_slo_is_called_out(client, viewer):
+    cheap_host = make_host(name="cheap-box", hourly_price=Decimal("1.00"))
+    good_host = make_host(name="good-box", hourly_price=Decimal("2.50"))
+    slow = make_finished_run(make_deployment(cheap_host), label="slow", ttft_p95_ms=700.0)
+    fast = make_finished_run(make_deployment(good_host), label="fast", ttft_p95_ms=300.0)
+    response = cost_page(client, viewer, slo_ttft_p95_ms="500")
+    report = response.context["report"]
+    assert report.cheapest["run"] == fast
+    rows = rows_by_run(response)
+    assert not rows[slow.pk]["meets_slo"] and rows[slow.pk]["status"].startswith("misses")
+    page = response.content.decode()
+    callout = page.split('data-testid="cheapest"')[1].split("</div>")[0]
+    assert f"#{fast.pk} fast" in callout and "p95 TTFT ≤ 500 ms" in callout
+    assert f'class="cheapest" data-run="{fast.pk}"' in page
+    # Loosen the SLO and the cheaper, slower box wins.
+    report = cost_page(client, viewer, slo_ttft_p95_ms="800").context["report"]
+    assert report.cheapest["run"] == slow
+
+
+def test_error_rate_slo(client, viewer):
+    flaky = make_finished_run(label="flaky", error_rate=0.05, hourly_price=Decimal("1"))
+    steady = make_finished_run(label="steady", error_rate=0.0)
+    flaky.deployment.host.hourly_price = Decimal("1.00")
+    flaky.deployment.host.save()
+    assert cost_page(client, viewer).context["report"].cheapest["run"] == flaky
+    report = cost_page(client, viewer, max_error_rate_pct="1").context["report"]
+    assert report.cheapest["run"] == steady
+
+
+def test_rank_by_output_tokens(client, viewer):
+    # a: 2.00/h, 10 req/s, 500 tok/s; b: 3.00/h, 10 req/s, 2000 tok/s
+    a = make_finished_run(make_deployment(make_host(hourly_price=Decimal("2.00"))))
+    b = make_finished_run(make_deployment(make_host(hourly_price=Decimal("3.00"))))
+    a.output_tokens_per_s, b.output_tokens_per_s = 500.0, 2000.0
+    a.save()
+    b.save()
+    assert cost_page(client, viewer).context["report"].cheapest["run"] == a
+    by_tokens = cost_page(client, viewer, rank_by="per_million_output").context["report"]
+    assert by_tokens.cheapest["run"] == b
+
+
+def test_other_currencies_are_shown_but_never_ranked(client, viewer):
+    euro_host = make_host(name="euro-box", hourly_price=Decimal("9.00"))
+    euro = Price.objects.create(name="eu.big", hourly_price=Decimal("0.50"), currency="EUR")
+    euro.hosts.add(euro_host)
+    euro_run = make_finished_run(make_deployment(euro_host), label="in-euro")
+    usd_run = make_finished_run(label="in-dollars")
+    response = cost_page(client, viewer)
+    report = response.context["report"]
+    assert report.cheapest["run"] == usd_run  # 0.50 EUR is not "less" than 2.50 USD
+    assert [row["run"] for row in report.left_out] == [euro_run]
+    assert "priced in EUR" in rows_by_run(response)[euro_run.pk]["status"]
+    page = response.content.decode()
+    assert 'data-testid="left-out"' in page and f"#{euro_run.pk} in-euro (EUR)" in page
+    # Charts carry only the panel's currency.
+    labels = [x for trace in report.scatter["data"] for x in trace["text"]]
+    assert not any("in-euro" in text for text in labels)
+    assert report.bars["data"][0]["x"] == [f"#{usd_run.pk} in-dollars"]
+
+
+def test_unpriced_host_is_not_the_cheapest(client, viewer):
+    free = make_finished_run(make_deployment(make_host(hourly_price=Decimal("0"))))
+    paid = make_finished_run()
+    response = cost_page(client, viewer)
+    assert response.context["report"].cheapest["run"] == paid
+    assert "no price set" in rows_by_run(response)[free.pk]["status"]
+
+
+def test_no_run_meets_the_slo(client, viewer):
+    make_finished_run(ttft_p95_ms=900.0)
+    response = cost_page(client, viewer, slo_ttft_p95_ms="500")
+    assert response.context["report"].cheapest is None
+    assert "No run priced in USD meets p95 TTFT ≤ 500 ms" in response.content.decode()
+
+
+# --- charts and formulas --------------------------------------------------------------------
+
+
+def test_charts_are_server_built_with_the_slo_line(client, viewer):
+    fast = make_finished_run(label="fast", ttft_p95_ms=300.0)
+    slow = make_finished_run(label="slow", ttft_p95_ms=700.0, request_throughput=20.0)
+    response = cost_page(client, viewer, slo_ttft_p95_ms="450")
+    report = response.context["report"]
+    traces = {trace["name"]: trace for trace in report.scatter["data"]}
+    assert traces["cheapest meeting the SLO"]["x"] == [300.0]
+    assert traces["misses the SLO"]["x"] == [700.0]
+    assert traces["cheapest meeting the SLO"]["y"] == [pytest.approx(PER_M_OUTPUT, abs=1e-6)]
+    line = report.scatter["layout"]["shapes"][0]
+    assert line["x0"] == line["x1"] == 450.0
+    bars = report.bars["data"][0]
+    # Cheapest first: 20 req/s → 2.50 / 72,000; 10 req/s → 2.50 / 36,000
+    assert bars["x"] == [f"#{slow.pk} slow", f"#{fast.pk} fast"]
+    assert bars["y"] == [pytest.approx(2.50 / 72_000), pytest.approx(2.50 / 36_000)]
+    page = response.content.decode()
+    assert 'data-chart="cost-scatter-data"' in page and 'id="cost-scatter-data"' in page
+    assert 'data-chart="cost-bars-data"' in page and "controlpanel/charts.js" in page
+
+
+def test_formulas_of_the_cheapest_or_the_chosen_run(client, viewer):
+    cheap = make_finished_run(label="cheap")
+    dear = make_finished_run(label="dear", request_throughput=5.0)
+    response = cost_page(client, viewer)
+    assert response.context["report"].focus["run"] == cheap
+    page = response.content.decode()
+    assert "2.50 USD ÷ (10 × 3,600 × 1) = 2.50 USD ÷ 36,000 = 0.000069444444 USD" in page
+    response = cost_page(client, viewer, focus=str(dear.pk))
+    assert response.context["report"].focus["run"] == dear
+    assert "2.50 USD ÷ 18,000 = 0.00013888889 USD" in response.content.decode()
+    assert f"focus={cheap.pk}" in response.content.decode()
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"utilisation_pct": "0"}, "Utilisation must be more than 0 % and at most 100 %."),
+        ({"utilisation_pct": "150"}, "Utilisation must be more than 0 % and at most 100 %."),
+        ({"utilisation_pct": "lots"}, "Enter a number."),
+        ({"restart_overhead_pct": "100"}, "Restart overhead must be at least 0 % and less"),
+        ({"max_error_rate_pct": "120"}, "less than or equal to 100"),
+        ({"slo_ttft_p95_ms": "-5"}, "greater than or equal to 0"),
+        ({"pricing": "free"}, "Select a valid choice"),
+        ({"runs": "999999"}, "Select a valid choice"),
+        ({"runs": "abc"}, "is not a valid value"),
+    ],
+)
+def test_bad_input_is_shown_on_the_form(client, viewer, params, message):
+    make_finished_run()
+    response = cost_page(client, viewer, **params)
+    assert response.context["report"] is None
+    page = response.content.decode()
+    assert message in page.replace("&#x27;", "'").replace("&quot;", '"')
+    assert 'data-testid="form-invalid"' in page
+    assert response.context["total_hour"] is not None  # the fleet summary still shows
+
+
+# --- prices: services -----------------------------------------------------------------------
+
+
+def test_hourly_prices_for_many_hosts_in_one_query():
+    a, b, c = make_host(name="a"), make_host(name="b"), make_host(name="c", hourly_price=7)
+    reserved = Price.objects.create(name="m1", pricing="reserved", hourly_price=Decimal("1.5"))
+    reserved.hosts.add(a, b)
+    second = Price.objects.create(name="z9", pricing="reserved", hourly_price=Decimal("9"))
+    second.hosts.add(b)  # b under two names: the first by name wins, as hourly_price_for
+    with CaptureQueriesContext(connection) as queries:
+        found = services.hourly_prices_for([a, b, c], "reserved")
+    assert len(queries) == 1
+    for host in (a, b, c):
+        assert found[host.pk] == services.hourly_price_for(host, "reserved")
+    assert found[a.pk][:2] == (Decimal("1.5000"), "USD")
+    assert found[c.pk][0] == Decimal("7.0000")
+
+
+def test_hourly_price_for_falls_back_to_the_host():
+    host = make_host(hourly_price=Decimal("3.10"))
+    assert services.hourly_price_for(host) == (
+        Decimal("3.10"),
+        "USD",
+        f"{host.name}'s hourly price",
+    )
+
+
+# --- prices: pages --------------------------------------------------------------------------
+
+
+def price_data(**kw):
+    data = {
+        "name": "p5.48xlarge",
+        "pricing": "on_demand",
+        "hourly_price": "98.32",
+        "currency": "usd",
+        "gpu_model": "H100",
+        "gpu_count": "8",
+        "note": "list price",
+    }
+    data.update(kw)
+    return data
+
+
+def test_admin_creates_a_price_with_hosts_and_it_is_audited(client, admin):
+    a, b = make_host(name="h-a"), make_host(name="h-b")
+    client.force_login(admin)
+    response = client.post(reverse("benchmarks:price_create"), price_data(hosts=[a.pk, b.pk]))
+    assert response.status_code == 302 and response["Location"] == reverse("benchmarks:prices")
+    price = Price.objects.get()
+    assert price.currency == "USD" and price.hourly_price == Decimal("98.32")
+    assert set(price.hosts.all()) == {a, b}
+    entry = AuditEntry.objects.get(action="price.create")
+    assert entry.actor == admin and entry.object_id == str(price.pk)
+    assert entry.after["hourly_price"] == "98.3200" and sorted(entry.after["hosts"]) == sorted(
+        [a.pk, b.pk]
+    )
+
+
+def test_price_list_shows_per_gpu_hour(client, viewer):
+    host = make_host(name="listed-host")
+    price = Price.objects.create(
+        name="p5.48xlarge", hourly_price=Decimal("98.32"), gpu_count=8, gpu_model="H100"
+    )
+    price.hosts.add(host)
+    client.force_login(viewer)
+    response = client.get(reverse("benchmarks:prices"))
+    page = response.content.decode()
+    assert response.context["rows"][0]["per_gpu_hour"] == Decimal("12.29")
+    assert "p5.48xlarge" in page and "listed-host" in page and "12.29 USD" in page
+    # The viewer sees no edit, delete or add links.
+    assert reverse("benchmarks:price_edit", args=[price.pk]) not in page
+    assert reverse("benchmarks:price_create") not in page
+
+
+def test_edit_changes_the_price_and_audits_before_and_after(client, admin):
+    host = make_host()
+    price = Price.objects.create(name="g6.xlarge", hourly_price=Decimal("0.80"))
+    client.force_login(admin)
+    url = reverse("benchmarks:price_edit", args=[price.pk])
+    assert client.get(url).status_code == 200
+    response = client.post(url, price_data(name="g6.xlarge", hourly_price="0.95", hosts=[host.pk]))
+    assert response.status_code == 302
+    price.refresh_from_db()
+    assert price.hourly_price == Decimal("0.95") and list(price.hosts.all()) == [host]
+    entry = AuditEntry.objects.get(action="price.update")
+    assert entry.before["hourly_price"] == "0.8000" and entry.after["hourly_price"] == "0.9500"
+    assert entry.before["hosts"] == [] and entry.after["hosts"] == [host.pk]
+
+
+def test_saving_without_a_change_writes_no_audit_entry(client, admin):
+    price = Price.objects.create(**{**price_data(currency="USD"), "hourly_price": Decimal("98.32")})
+    client.force_login(admin)
+    client.post(reverse("benchmarks:price_edit", args=[price.pk]), price_data())
+    assert not AuditEntry.objects.filter(action="price.update").exists()
+
+
+def test_duplicate_name_and_pricing_is_shown_on_the_form(client, admin):
+    Price.objects.create(name="p5.48xlarge", pricing="on_demand", hourly_price=Decimal("98"))
+    client.force_login(admin)
+    response = client.post(reverse("benchmarks:price_create"), price_data())
+    assert response.status_code == 200
+    assert "already has a price under this pricing" in response.content.decode()
+    assert Price.objects.count() == 1
+    # Same name, other pricing: fine.
+    response = client.post(reverse("benchmarks:price_create"), price_data(pricing="spot"))
+    assert response.status_code == 302 and Price.objects.count() == 2
+
+
+def test_a_host_has_one_price_per_pricing(client, admin):
+    host = make_host(name="shared-host")
+    taken = Price.objects.create(name="a.large", hourly_price=Decimal("1"))
+    taken.hosts.add(host)
+    client.force_login(admin)
+    response = client.post(
+        reverse("benchmarks:price_create"), price_data(name="b.large", hosts=[host.pk])
+    )
+    assert response.status_code == 200
+    assert "shared-host (a.large)" in response.content.decode()
+    # Editing the price that holds the host keeps it.
+    response = client.post(
+        reverse("benchmarks:price_edit", args=[taken.pk]),
+        price_data(name="a.large", hosts=[host.pk]),
+    )
+    assert response.status_code == 302
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("currency", "U$D", "three letters"),
+        ("currency", "EURO", "at most 3 characters"),
+        ("hourly_price", "-1", "greater than or equal to 0"),
+        ("name", "", "This field is required"),
+    ],
+)
+def test_bad_price_input(client, admin, field, value, message):
+    client.force_login(admin)
+    response = client.post(reverse("benchmarks:price_create"), price_data(**{field: value}))
+    assert response.status_code == 200 and message in response.content.decode()
+    assert not Price.objects.exists()
+
+
+def test_delete_asks_first_then_deletes_and_audits(client, admin):
+    price = Price.objects.create(name="old.type", hourly_price=Decimal("5"))
+    client.force_login(admin)
+    url = reverse("benchmarks:price_delete", args=[price.pk])
+    response = client.get(url)
+    assert response.status_code == 200 and "Delete old.type" in response.content.decode()
+    assert Price.objects.filter(pk=price.pk).exists()
+    assert client.post(url).status_code == 302
+    assert not Price.objects.filter(pk=price.pk).exists()
+    entry = AuditEntry.objects.get(action="price.delete")
+    assert entry.object_id == str(price.pk) and entry.before["name"] == "old.type"
+
+
+# --- permissions ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def price(db):
+    return Price.objects.create(name="perm.type", hourly_price=Decimal("1"))
+
+
+def urls(price):
+    return {
+        "cost": reverse("cost"),
+        "list": reverse("benchmarks:prices"),
+        "create": reverse("benchmarks:price_create"),
+        "edit": reverse("benchmarks:price_edit", args=[price.pk]),
+        "delete": reverse("benchmarks:price_delete", args=[price.pk]),
+    }
+
+
+def test_anonymous_is_sent_to_login(client, price):
+    for name, url in urls(price).items():
+        for response in (client.get(url), client.post(url)):
+            assert response.status_code == 302, name
+            assert response["Location"].startswith(reverse("login") + "?next=")
+    assert Price.objects.filter(pk=price.pk).exists()
+
+
+def test_a_user_without_a_role_is_refused_everything(client, nobody, price):
+    client.force_login(nobody)
+    for name, url in urls(price).items():
+        assert client.get(url).status_code == 403, name
+    assert client.post(urls(price)["delete"]).status_code == 403
+
+
+@pytest.mark.parametrize("role", ["viewer", "operator", "approver"])
+def test_non_admins_see_but_do_not_change_prices(client, personas, price, role):
+    client.force_login(personas[role])
+    pages = urls(price)
+    assert client.get(pages["cost"]).status_code == 200
+    assert client.get(pages["list"]).status_code == 200
+    for name in ("create", "edit", "delete"):
+        assert client.get(pages[name]).status_code == 403, name
+    assert client.post(pages["create"], price_data()).status_code == 403
+    assert client.post(pages["edit"], price_data(name="x")).status_code == 403
+    assert client.post(pages["delete"]).status_code == 403
+    price.refresh_from_db()
+    assert price.name == "perm.type" and Price.objects.count() == 1
+    assert not AuditEntry.objects.filter(action__startswith="price.").exists()
+
+
+def test_admin_may_do_everything(client, admin, price):
+    client.force_login(admin)
+    for name, url in urls(price).items():
+        assert client.get(url).status_code == 200, name
+    page = client.get(urls(price)["list"]).content.decode()
+    assert urls(price)["edit"] in page and urls(price)["delete"] in page
