@@ -354,3 +354,77 @@ BUILTINS: dict[str, dict] = {
         },
     },
 }
+
+
+# -- sharing and comparing (helpers for the panel's pages) ----------------------------------
+
+EXPORT_FORMAT = "llm-control-panel/load-profile"
+EXPORT_VERSION = 1
+
+
+def export_document(name: str, description: str, profile: dict) -> dict:
+    """The file a team shares: what it is, which version of the format, and the profile."""
+    return {
+        "format": EXPORT_FORMAT,
+        "version": EXPORT_VERSION,
+        "name": name,
+        "description": description,
+        "spec": profile,
+    }
+
+
+def read_export(data) -> tuple[str, str, dict]:
+    """(name, description, validated profile) of an exported file's parsed JSON; refuses
+    anything else with a message that says what it is instead."""
+    if not isinstance(data, dict):
+        raise SpecError("import: not a load profile export (expected a JSON object)")
+    found = data.get("format")
+    if found != EXPORT_FORMAT:
+        what = f"format {found!r}" if found else "no format field"
+        raise SpecError(f"import: not a load profile export ({what}; expected {EXPORT_FORMAT!r})")
+    if data.get("version") != EXPORT_VERSION:
+        raise SpecError(
+            f"import: version {data.get('version')!r} of the format is not supported "
+            f"(this panel reads version {EXPORT_VERSION})"
+        )
+    name = data.get("name")
+    if not isinstance(name, str) or not name.strip() or len(name.strip()) > 100:
+        raise SpecError("import: name must be a text of 1 to 100 characters")
+    description = data.get("description") or ""
+    if not isinstance(description, str):
+        raise SpecError("import: description must be text")
+    if "spec" not in data:
+        raise SpecError("import: no spec")
+    return name.strip(), description, validate(data["spec"])
+
+
+def changed_fields(old: dict, new: dict) -> list[str]:
+    """The top-level fields whose values differ between two documents, defaults filled in
+    (so spelling out a default is no change)."""
+    try:
+        a, b = normalize(old), normalize(new)
+    except SpecError:
+        a, b = dict(old or {}), dict(new or {})
+    return [key for key in dict.fromkeys([*a, *b]) if a.get(key) != b.get(key)]
+
+
+def length_text(dist: dict) -> str:
+    """A length distribution in words: "lognormal: mean 600, sigma 0.7, within 16–4096"."""
+    kind = dist.get("kind", "fixed")
+    low, high = dist.get("low"), dist.get("high")
+    bounds = f", within {low}–{high}" if low is not None and high is not None else ""
+    if low is not None and high is None:
+        bounds = f", at least {low}"
+    elif high is not None and low is None:
+        bounds = f", at most {high}"
+    if kind == "fixed":
+        return f"fixed: {dist.get('mean', 512):g} tokens{bounds}"
+    if kind == "uniform":
+        return f"uniform: {low}–{high} tokens"
+    if kind == "empirical":
+        values = dist.get("values") or []
+        total = sum(w for _, w in values) or 1
+        mean = sum(n * w for n, w in values) / total
+        return f"from a traffic sample: {len(values)} lengths, mean {mean:.0f}{bounds}"
+    spread = "sigma" if kind == "lognormal" else "stddev"
+    return f"{kind}: mean {dist.get('mean', 512):g}, {spread} {dist.get('stddev') or 0:g}{bounds}"
