@@ -5,16 +5,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('benchmarks', '0003_drop_profile_columns'),
-        ('hosts', '0002_fleet_operations_telemetry'),
+        ("benchmarks", "0003_drop_profile_columns"),
+        ("hosts", "0002_fleet_operations_telemetry"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddConstraint(
-            model_name='benchmarkrun',
-            constraint=models.UniqueConstraint(condition=models.Q(('status__in', ['queued', 'running'])), fields=('deployment',), name='run_one_active_per_deployment'),
+            model_name="benchmarkrun",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("status__in", ["queued", "running"])),
+                fields=("deployment",),
+                name="run_one_active_per_deployment",
+            ),
         ),
     ]

@@ -1,23 +1,84 @@
-"""STUB: being written."""
+"""The history of runs, comparing runs, exporting one and importing a result from elsewhere."""
 
-from django.http import HttpResponse
+from __future__ import annotations
 
+import json
 
-def run_list(request, *args, **kwargs):
-    return HttpResponse("not yet", status=501)
+from django.contrib import messages
+from django.contrib.auth.decorators import permission_required
+from django.core.paginator import Paginator
+from django.http import HttpResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
 
-
-def compare(request, *args, **kwargs):
-    return HttpResponse("not yet", status=501)
-
-
-def run_import(request, *args, **kwargs):
-    return HttpResponse("not yet", status=501)
-
-
-def export_json(request, *args, **kwargs):
-    return HttpResponse("not yet", status=501)
+from benchmarks.forms.history import HistoryForm, RunImportForm
+from benchmarks.models import BenchmarkRun, RunRequestLog
+from benchmarks.services import history as services
+from benchmarks.services.imports import import_run
 
 
-def export_csv(request, *args, **kwargs):
-    return HttpResponse("not yet", status=501)
+@permission_required("benchmarks.view_benchmarkrun", raise_exception=True)
+def run_list(request):
+    form = HistoryForm(request.GET)
+    if not form.is_valid():
+        return render(request, "benchmarks/run_list.html", {"form": form, "page": None}, status=400)
+    runs = services.filtered_runs(form.cleaned_data)
+    page = Paginator(runs, form.cleaned_data["per_page"]).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    context = {
+        "form": form,
+        "page": page,
+        "query": query.urlencode(),
+        "sorts": services.sort_links(form.cleaned_data["sort"], request.GET),
+    }
+    return render(request, "benchmarks/run_list.html", context)
+
+
+@permission_required("benchmarks.view_benchmarkrun", raise_exception=True)
+def compare(request):
+    try:
+        runs = services.runs_to_compare(request.GET.getlist("runs"))
+    except services.CompareRefused as exc:
+        return render(request, "benchmarks/compare.html", {"refused": str(exc)}, status=400)
+    return render(request, "benchmarks/compare.html", services.compare(runs))
+
+
+@permission_required("benchmarks.add_benchmarkrun", raise_exception=True)
+def run_import(request):
+    form = RunImportForm(request.POST or None, request.FILES or None)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            run = import_run(
+                request.user, data["deployment"], data["file"], data["engine_config"], data["label"]
+            )
+        except ValueError as exc:
+            form.add_error("file", str(exc))
+        else:
+            messages.success(request, f"Imported {run}: {run.completed} requests succeeded.")
+            return redirect(run)
+    return render(request, "benchmarks/run_import.html", {"form": form})
+
+
+@permission_required("benchmarks.view_benchmarkrun", raise_exception=True)
+def export_json(request, pk):
+    run = get_object_or_404(BenchmarkRun.objects.select_related(*services.COMPARE_SELECT), pk=pk)
+    body = json.dumps(services.export_document(run), indent=1, default=str)
+    response = HttpResponse(body, content_type="application/json")
+    response["Content-Disposition"] = (
+        f'attachment; filename="{services.export_filename(run, ".json")}"'
+    )
+    return response
+
+
+@permission_required("benchmarks.view_benchmarkrun", raise_exception=True)
+def export_csv(request, pk):
+    run = get_object_or_404(BenchmarkRun.objects.only("pk", "label"), pk=pk)
+    blob = RunRequestLog.objects.filter(run_id=pk).values_list("data", flat=True).first()
+    if blob is None:
+        return render(request, "benchmarks/no_request_log.html", {"run": run}, status=404)
+    response = StreamingHttpResponse(services.request_csv(bytes(blob)), content_type="text/csv")
+    response["Content-Disposition"] = (
+        f'attachment; filename="{services.export_filename(run, "-requests.csv")}"'
+    )
+    return response

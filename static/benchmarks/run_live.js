@@ -72,7 +72,7 @@
         { name: "memory GiB (total)", mode: "lines", yaxis: "y2", points: function (p) { return [[p.t], [gpus(p, "memory_used_gib", sum)]]; } },
         { name: "power W (total)", mode: "lines", yaxis: "y3", points: function (p) { return [[p.t], [gpus(p, "power_w", sum)]]; } },
       ],
-      layout: { xaxis: { anchor: "y3" }, yaxis: { domain: [0.7, 1], title: { text: "util %" }, range: [0, 100] },
+      layout: { xaxis: { anchor: "y3", ticksuffix: " s" }, yaxis: { domain: [0.7, 1], title: { text: "util %" }, range: [0, 100] },
         yaxis2: { domain: [0.36, 0.64], title: { text: "GiB" }, rangemode: "tozero" },
         yaxis3: { domain: [0, 0.3], title: { text: "W" }, rangemode: "tozero" } },
     },
@@ -119,8 +119,8 @@
       const layout = Object.assign({
         title: { text: chart.title, font: { size: 13 } },
         margin: { l: 50, r: 50, t: 30, b: 30 }, height: 260,
-        legend: { orientation: "h", y: -0.2 },
-        xaxis: { title: { text: "s" } },
+        legend: { orientation: "h", y: -0.15 },
+        xaxis: { ticksuffix: " s" },
       }, chart.layout);
       window.Plotly.newPlot(el, traces, layout, { displayModeBar: false, responsive: true })
         .then(function () { el.dataset.rendered = "true"; el.dataset.points = String(count); });

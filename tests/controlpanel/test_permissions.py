@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 from django.urls import get_resolver, reverse
 
+from benchmarks import records
+from benchmarks.models import Price, RunRequestLog
 from hosts.models import EngineOperation
-from tests.factories import make_config, make_deployment, make_host, make_run
+from tests.factories import make_config, make_deployment, make_finished_run, make_host
 
 ALL = ["viewer", "operator", "approver", "admin"]
 OPERATORS = ["operator", "approver", "admin"]
@@ -28,6 +32,25 @@ MATRIX = [
     ("hosts:operation", "get", ALL),
     ("benchmarks:list", "get", ALL),
     ("benchmarks:detail", "get", ALL),
+    ("benchmarks:new", "get", OPERATORS),
+    ("benchmarks:cancel", "post", OPERATORS),
+    ("benchmarks:timeline", "get", ALL),
+    ("benchmarks:part", "get", ALL),
+    ("benchmarks:compare", "get", ALL),
+    ("benchmarks:import", "get", OPERATORS),
+    ("benchmarks:export_json", "get", ALL),
+    ("benchmarks:export_csv", "get", ALL),
+    ("benchmarks:profiles", "get", ALL),
+    ("benchmarks:profile", "get", ALL),
+    ("benchmarks:profile_create", "get", OPERATORS),
+    ("benchmarks:profile_edit", "get", OPERATORS),
+    ("benchmarks:profile_from_traffic", "get", OPERATORS),
+    ("benchmarks:profile_import", "get", OPERATORS),
+    ("benchmarks:profile_export", "get", ALL),
+    ("benchmarks:prices", "get", ALL),
+    ("benchmarks:price_create", "get", ["admin"]),
+    ("benchmarks:price_edit", "get", ["admin"]),
+    ("benchmarks:price_delete", "post", ["admin"]),
     ("changes:list", "get", ALL),
     ("cost", "get", ALL),
 ]
@@ -50,6 +73,16 @@ ARGS = {
     "hosts:part": lambda o: [o["hosts"], "facts"],
     "hosts:restart": lambda o: [o["deployment"]],
     "hosts:operation": lambda o: [o["operation"]],
+    "benchmarks:part": lambda o: [o["benchmarks"], "results"],
+    "benchmarks:profile": lambda o: [o["profile"]],
+    "benchmarks:profile_edit": lambda o: [o["profile"]],
+    "benchmarks:profile_export": lambda o: [o["profile"]],
+    "benchmarks:price_edit": lambda o: [o["price"]],
+    "benchmarks:price_delete": lambda o: [o["price"]],
+}
+# Views that read their objects from the query string.
+QUERY = {
+    "benchmarks:compare": lambda o: f"?runs={o['benchmarks']}&runs={o['run2']}",
 }
 
 
@@ -61,16 +94,23 @@ def objects(db):
     operation = EngineOperation.objects.create(
         deployment=deployment, kind="apply", config=config, status="failed"
     )
-    run = make_run(deployment)
+    run = make_finished_run(deployment)
+    RunRequestLog.objects.create(run=run, count=0, data=records.encode([]))
+    price = Price.objects.create(name="p5.48xlarge", hourly_price=Decimal("98.32"))
     return {
         "hosts": host.pk,
         "benchmarks": run.pk,
+        "run2": make_finished_run(deployment).pk,
+        "profile": run.load_profile_id,
+        "price": price.pk,
         "deployment": deployment.pk,
         "operation": operation.pk,
     }
 
 
 def url_for(name, objects):
+    if name in QUERY:
+        return reverse(name) + QUERY[name](objects)
     if name in ARGS:
         return reverse(name, args=ARGS[name](objects))
     try:

@@ -80,7 +80,10 @@ def test_a_blocked_client_loop_does_not_land_in_ttft(fixed_server):
     ttft_ms = (record.first_token - record.sent) * 1000
     assert 39 < ttft_ms < 45, ttft_ms
     itls = [b - a for a, b in zip(record.chunk_times, record.chunk_times[1:], strict=False)]
-    assert all(0.028 < g < 0.035 for g in itls), itls
+    # 30 ms apart as sent; read-time stamps would give 10 ms for the first gap (the chunk
+    # read at 60 ms, the next at 70 ms). The margin absorbs the server's own lateness on a
+    # busy machine (27 ms was seen once while other test processes ran).
+    assert all(0.02 < g < 0.04 for g in itls), itls
 
 
 def test_open_loop_rate_is_accurate(fixed_server):

@@ -1,0 +1,147 @@
+"""The history's filters and sort, and the form that imports a result file."""
+
+from __future__ import annotations
+
+import json
+
+from django import forms
+from django.contrib.auth import get_user_model
+
+from benchmarks.choices import RunSource
+from benchmarks.models import LoadProfile
+from benchmarks.services.history import DEFAULT_SORT, PAGE_SIZES, SORTS
+from controlpanel.choices import OperationStatus
+from hosts.choices import EngineKind
+from hosts.models import Deployment, EngineConfig, Gpu, Host
+
+ANY = [("", "any")]
+MAX_UPLOAD_BYTES = 256 * 2**20  # a detailed 100k-request vllm bench file with texts
+
+
+def sort_choices() -> list[tuple[str, str]]:
+    out = []
+    for key, (_, label) in SORTS.items():
+        out += [(key, f"{label} ↑"), (f"-{key}", f"{label} ↓")]
+    return out
+
+
+class HistoryForm(forms.Form):
+    """Filters of the history list (all optional), its sort and page size. Choices come
+    from what the runs hold, so every option finds something."""
+
+    q = forms.CharField(required=False, max_length=100, label="Label contains")
+    host = forms.ModelChoiceField(
+        Host.objects.only("id", "name").order_by("name"), required=False, empty_label="any"
+    )
+    # Free text with suggestions from the fleet (small tables), not a DISTINCT over every
+    # run: that scan was a third of the page's database time at 10,000 runs.
+    gpu = forms.CharField(
+        required=False,
+        max_length=100,
+        label="GPU model",
+        widget=forms.TextInput(attrs={"list": "gpu-models", "autocomplete": "off"}),
+    )
+    engine = forms.ChoiceField(choices=ANY + list(EngineKind.choices), required=False)
+    model = forms.CharField(
+        required=False,
+        max_length=200,
+        widget=forms.TextInput(attrs={"list": "model-names", "autocomplete": "off"}),
+    )
+    config = forms.IntegerField(required=False, min_value=1, label="Config version")
+    profile = forms.ChoiceField(required=False, label="Load profile")
+    status = forms.ChoiceField(choices=ANY + list(OperationStatus.choices), required=False)
+    requested_by = forms.ModelChoiceField(
+        get_user_model().objects.none(), required=False, empty_label="anyone", label="Run by"
+    )
+    source = forms.ChoiceField(choices=ANY + list(RunSource.choices), required=False)
+    date_from = forms.DateField(
+        required=False, label="From", widget=forms.DateInput(attrs={"type": "date"})
+    )
+    date_to = forms.DateField(
+        required=False, label="To", widget=forms.DateInput(attrs={"type": "date"})
+    )
+    sort = forms.ChoiceField(required=False, choices=sort_choices)
+    per_page = forms.TypedChoiceField(
+        required=False,
+        coerce=int,
+        empty_value=PAGE_SIZES[0],
+        choices=[(n, n) for n in PAGE_SIZES],
+        label="Per page",
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        names = LoadProfile.objects.order_by("name").values_list("name", flat=True).distinct()
+        self.fields["profile"].choices = ANY + [(n, n) for n in names]
+        self.fields["requested_by"].queryset = (
+            get_user_model().objects.only("id", "username").order_by("username")
+        )
+
+    def suggestions(self) -> dict[str, list[str]]:
+        """What the GPU model and model boxes offer: what the fleet has now."""
+        return {
+            "gpu-models": list(
+                Gpu.objects.order_by("name").values_list("name", flat=True).distinct()
+            ),
+            "model-names": list(
+                Deployment.objects.order_by("model").values_list("model", flat=True).distinct()
+            ),
+        }
+
+    def clean_sort(self) -> str:
+        return self.cleaned_data.get("sort") or DEFAULT_SORT
+
+    def clean_date_to(self):
+        start, end = self.cleaned_data.get("date_from"), self.cleaned_data.get("date_to")
+        if start and end and end < start:
+            raise forms.ValidationError("The end date is before the start date.")
+        return end
+
+
+class ConfigChoice(forms.ModelChoiceField):
+    def label_from_instance(self, obj: EngineConfig) -> str:
+        return f"{obj.deployment} v{obj.version}" + (f" — {obj.note}" if obj.note else "")
+
+
+class RunImportForm(forms.Form):
+    """A result file and the deployment (and, if known, the config version) it measured."""
+
+    file = forms.FileField(
+        help_text="JSON from python -m benchmarks.loadgen --save-result (or a run exported "
+        "from a panel), or from vllm bench serve --save-result (add --save-detailed for "
+        "latency distributions and the request log)."
+    )
+    deployment = forms.ModelChoiceField(
+        Deployment.objects.select_related("host").order_by("host__name", "name"),
+        help_text="The engine the file measured.",
+    )
+    engine_config = ConfigChoice(
+        EngineConfig.objects.select_related("deployment__host").order_by(
+            "deployment__host__name", "deployment__name", "-version"
+        ),
+        required=False,
+        label="Config version",
+        help_text="The settings it ran with, if you know them (empty: not recorded).",
+    )
+    label = forms.CharField(max_length=100, required=False)
+
+    def clean_file(self) -> dict:
+        upload = self.cleaned_data["file"]
+        if upload.size > MAX_UPLOAD_BYTES:
+            raise forms.ValidationError(
+                f"The file is {upload.size / 2**20:.0f} MiB; at most "
+                f"{MAX_UPLOAD_BYTES // 2**20} MiB is read."
+            )
+        try:
+            return json.load(upload)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise forms.ValidationError(f"The file is not JSON: {exc}") from None
+
+    def clean(self):
+        data = super().clean()
+        deployment, config = data.get("deployment"), data.get("engine_config")
+        if deployment and config and config.deployment_id != deployment.pk:
+            self.add_error(
+                "engine_config", f"v{config.version} is a config of {config.deployment}."
+            )
+        return data
