@@ -43,9 +43,10 @@ migrate: $(STAMP) ## Apply migrations to the configured database
 check-deploy: $(STAMP) ## Django's deployment checks with production-like settings
 	$(PY) scripts/check_deploy.py
 
-bench: $(STAMP) ## Benchmarks that print numbers (simulator; load generator's timing error)
+bench: $(STAMP) ## Benchmarks that print numbers (simulator; load generator's timing error; history page)
 	$(PY) scripts/bench_simulator.py
 	$(PY) scripts/bench_loadgen.py
+	$(PY) scripts/bench_history.py
 
 sim: $(STAMP) ## Run one simulated vLLM engine (Llama-3.1-8B on an H100) on http://127.0.0.1:8001
 	$(PY) -m hosts.simulator vllm meta-llama/Llama-3.1-8B-Instruct --max-model-len 8192 --host 127.0.0.1 --port 8001
