@@ -251,8 +251,8 @@ def environment(run: BenchmarkRun, spec) -> dict:
         "config": {
             "id": config.pk,
             "version": config.version,
-            "settings": config.settings,
-            "env": {k: ("***" if "KEY" in k or "TOKEN" in k else v) for k, v in config.env.items()},
+            "settings": {k: ("•••" if _secret(k) else v) for k, v in config.settings.items()},
+            "env": {k: ("•••" if _secret(k) else v) for k, v in config.env.items()},
             "placement": config.placement,
         }
         if config
@@ -265,6 +265,11 @@ def environment(run: BenchmarkRun, spec) -> dict:
         "loadgen_version": LOADGEN_VERSION,
         "spec": spec.to_dict(),
     }
+
+
+def _secret(name: str) -> bool:
+    """Environment variables whose values the run record must not keep (VLLM_API_KEY, ...)."""
+    return any(word in name.upper() for word in ("KEY", "TOKEN", "SECRET", "PASSWORD"))
 
 
 def engine_report(deployment: Deployment) -> dict:

@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from benchmarks import records, tasks
+from benchmarks.loadgen.profile import build_spec
 from benchmarks.models import BenchmarkRun, RunPoint, RunRequestLog
 from benchmarks.services import runs as services
 from controlpanel.models import AuditEntry
@@ -287,3 +288,22 @@ def test_a_run_past_its_time_limit_stops_early_and_keeps_its_results(
     run.refresh_from_db()
     assert run.status == "succeeded" and run.stopped_early == "stopped at the run's time limit"
     assert run.completed >= 1
+
+
+@pytest.mark.django_db
+def test_the_run_record_keeps_no_api_key():
+    host = make_host()
+    gpu = make_gpu(host)
+    deployment = make_deployment(host)
+    config = make_config(
+        deployment, {"max_num_seqs": 8, "api_key": "sk-live"}, env={"VLLM_API_KEY": "sk-env"}
+    )
+    deployment.active_config = config
+    deployment.save()
+    run = start(deployment, make_profile(spec=SMALL))
+    spec = build_spec(run.load_profile.spec, deployment.engine_url, deployment.model, api_key="k")
+    env = services.environment(run, spec)
+    assert env["config"]["settings"] == {"max_num_seqs": 8, "api_key": "•••"}
+    assert env["config"]["env"] == {"VLLM_API_KEY": "•••"}
+    assert "sk-" not in str(env) and "api_key" not in env["spec"]
+    assert env["gpus"][0]["uuid"] == gpu.uuid
