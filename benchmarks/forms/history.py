@@ -19,9 +19,11 @@ MAX_UPLOAD_BYTES = 256 * 2**20  # a detailed 100k-request vllm bench file with t
 
 
 def sort_choices() -> list[tuple[str, str]]:
-    out = []
+    # The default (newest first) leads, so an unfiltered page shows what it is sorted by.
+    out = [("-date", "Date ↓ (newest first)"), ("date", "Date ↑")]
     for key, (_, label) in SORTS.items():
-        out += [(key, f"{label} ↑"), (f"-{key}", f"{label} ↓")]
+        if key != "date":
+            out += [(key, f"{label} ↑"), (f"-{key}", f"{label} ↓")]
     return out
 
 
