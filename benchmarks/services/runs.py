@@ -61,7 +61,10 @@ def start_benchmark(
     apply or restart is under way: either would measure a moving target."""
     from benchmarks import tasks
 
-    planned_requests, planned_seconds = plan(profile.spec)
+    try:
+        planned_requests, planned_seconds = plan(profile.spec)
+    except SpecError as exc:
+        raise RunRefused(f"{profile} cannot run: {exc}") from None
     try:
         with transaction.atomic():
             deployment = (

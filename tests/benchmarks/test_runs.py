@@ -307,3 +307,13 @@ def test_the_run_record_keeps_no_api_key():
     assert env["config"]["env"] == {"VLLM_API_KEY": "•••"}
     assert "sk-" not in str(env) and "api_key" not in env["spec"]
     assert env["gpus"][0]["uuid"] == gpu.uuid
+
+
+@pytest.mark.django_db
+def test_a_profile_that_cannot_run_is_refused_with_the_reason():
+    broken = make_profile(spec=SMALL)
+    type(broken).objects.filter(pk=broken.pk).update(spec={"stages": [{"concurency": 4}]})
+    broken.refresh_from_db()
+    with pytest.raises(services.RunRefused, match="unknown field"):
+        start(make_deployment(), broken)
+    assert not BenchmarkRun.objects.exists()
