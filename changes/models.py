@@ -1,1 +1,331 @@
-"""Change requests arrive with the review workflow; until then the app shows config history."""
+"""Change requests: a reviewed, approved, applied, verified (or rolled back) engine-config change.
+
+The timeline of a change (every transition, approval, comment and pipeline stage) is the audit
+log itself: ``controlpanel.AuditEntry`` rows pointing at the change, append-only, so the record a
+reviewer reads and the record an auditor exports are the same rows.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings as conf
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.urls import reverse
+from django.utils import timezone
+
+from changes.choices import (
+    LOCK_STATES,
+    REVIEW_STATES,
+    ChangeKind,
+    ChangeState,
+    Decision,
+)
+from controlpanel.models import InvalidTransition
+
+S = ChangeState
+
+# The state machine: what each state may become. Anything else is refused.
+TRANSITIONS: dict[ChangeState, frozenset[ChangeState]] = {
+    S.DRAFT: frozenset({S.PENDING, S.WITHDRAWN}),
+    S.PENDING: frozenset({S.APPROVED, S.REJECTED, S.WITHDRAWN}),
+    # Back to pending: a rebase onto a newer running config voids the approvals.
+    S.APPROVED: frozenset({S.APPLYING, S.PENDING, S.WITHDRAWN}),
+    S.APPLYING: frozenset({S.VERIFYING, S.APPLIED, S.ROLLED_BACK, S.FAILED}),
+    S.VERIFYING: frozenset({S.APPLIED, S.ROLLED_BACK, S.FAILED}),
+    S.REJECTED: frozenset(),
+    S.WITHDRAWN: frozenset(),
+    S.APPLIED: frozenset(),
+    S.ROLLED_BACK: frozenset(),
+    S.FAILED: frozenset(),
+}
+# Which timestamp each state stamps when entered.
+STAMPS = {
+    S.PENDING: "submitted_at",
+    S.APPROVED: "decided_at",
+    S.REJECTED: "decided_at",
+    S.APPLYING: "apply_started_at",
+    S.APPLIED: "finished_at",
+    S.ROLLED_BACK: "finished_at",
+    S.FAILED: "finished_at",
+    S.WITHDRAWN: "finished_at",
+}
+
+
+class ChangeRequest(models.Model):
+    """A proposed change of one deployment's engine settings and its whole life: review,
+    apply, verification and, when it went wrong, the rollback.
+
+    ``base_config`` is the running config the proposal was made against; when the deployment
+    runs another config by the time of review or apply, the change is stale and must be
+    rebased. The proposed settings live here until apply, when they become the deployment's
+    next ``EngineConfig`` version (``applied_config``); a rollback change applies an existing
+    version (``target_config``) instead.
+    """
+
+    deployment = models.ForeignKey(
+        "hosts.Deployment", on_delete=models.CASCADE, related_name="changes"
+    )
+    kind = models.CharField(max_length=16, choices=ChangeKind.choices, default=ChangeKind.SETTINGS)
+    state = models.CharField(
+        max_length=16, choices=ChangeState.choices, default=ChangeState.DRAFT, db_index=True
+    )
+    title = models.CharField(max_length=120)
+    rationale = models.TextField(help_text="Why: what was measured, what you expect to improve.")
+    proposed_by = models.ForeignKey(
+        conf.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    base_config = models.ForeignKey(
+        "hosts.EngineConfig",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="The running config this change was proposed (or last rebased) against.",
+    )
+    target_config = models.ForeignKey(
+        "hosts.EngineConfig",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="Rollback changes: the earlier version to go back to.",
+    )
+    settings = models.JSONField(default=dict, blank=True, help_text="Proposed engine settings.")
+    env = models.JSONField(default=dict, blank=True)
+    placement = models.JSONField(default=dict, blank=True)
+    warnings = models.JSONField(default=list, blank=True)
+    prediction = models.JSONField(
+        default=dict, blank=True, help_text="The simulator's before → after, when it can model it."
+    )
+    required_approvals = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(5)]
+    )
+    # --- verification ---------------------------------------------------------------------
+    verify_profile = models.ForeignKey(
+        "benchmarks.LoadProfile",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="Benchmark the engine with this profile after the apply (and before, for "
+        "the baseline) and roll back on a regression.",
+    )
+    baseline_run = models.ForeignKey(
+        "benchmarks.BenchmarkRun",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    verification_run = models.ForeignKey(
+        "benchmarks.BenchmarkRun",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    max_error_rate_increase = models.FloatField(
+        default=0.01,
+        validators=[MinValueValidator(0), MaxValueValidator(1)],
+        help_text="Roll back when the error rate rises by more than this (0.01 = 1 point).",
+    )
+    max_ttft_p95_regression = models.FloatField(
+        default=0.2,
+        validators=[MinValueValidator(0)],
+        help_text="Roll back when p95 TTFT grows by more than this fraction (0.2 = 20 %).",
+    )
+    max_itl_p95_regression = models.FloatField(
+        default=0.2,
+        validators=[MinValueValidator(0)],
+        help_text="Roll back when p95 ITL grows by more than this fraction.",
+    )
+    comparison = models.JSONField(default=dict, blank=True)
+    # --- apply ----------------------------------------------------------------------------
+    window_start = models.DateTimeField(null=True, blank=True)
+    window_end = models.DateTimeField(null=True, blank=True)
+    snapshot_config = models.ForeignKey(
+        "hosts.EngineConfig",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="The last good config at the start of the apply: where a rollback goes.",
+    )
+    applied_config = models.ForeignKey(
+        "hosts.EngineConfig",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+    )
+    operation = models.ForeignKey(
+        "hosts.EngineOperation",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    rollback_operation = models.ForeignKey(
+        "hosts.EngineOperation",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    applied_by = models.ForeignKey(
+        conf.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    outcome = models.CharField(max_length=1000, blank=True, help_text="How it ended, in words.")
+    stage = models.CharField(max_length=16, blank=True, help_text="The pipeline stage now.")
+    rollback_requested = models.BooleanField(
+        default=False, help_text="Someone asked the pipeline to roll back (e.g. after a crash)."
+    )
+    # The pipeline's claim on the change: a second worker (a redelivery, a resume) does not
+    # run it while the first one's heartbeat is fresh.
+    pipeline_owner = models.CharField(max_length=64, blank=True)
+    pipeline_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    submitted_at = models.DateTimeField(null=True, blank=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    apply_started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+        permissions = [("approve_changerequest", "Can approve or reject others' changes")]
+        constraints = [
+            # The deployment's lock: one change applying or verifying at a time.
+            models.UniqueConstraint(
+                fields=["deployment"],
+                condition=models.Q(state__in=[s.value for s in LOCK_STATES]),
+                name="changerequest_one_active_per_deployment",
+            ),
+        ]
+        indexes = [models.Index(fields=["deployment", "state"])]
+
+    def __str__(self) -> str:
+        return f"change #{self.pk}: {self.title}"
+
+    def get_absolute_url(self) -> str:
+        return reverse("changes:detail", args=[self.pk])
+
+    # --- the state machine ----------------------------------------------------------------
+    @property
+    def state_choice(self) -> ChangeState:
+        return ChangeState(self.state)
+
+    def can_become(self, state: ChangeState) -> bool:
+        return ChangeState(state) in TRANSITIONS[self.state_choice]
+
+    def transition_to(self, state: ChangeState) -> ChangeState:
+        """Move to ``state`` if the state machine allows it, stamping its time; saves the row
+        and returns the state it left. The caller holds the row lock and writes the audit."""
+        state = ChangeState(state)
+        if not self.can_become(state):
+            allowed = ", ".join(sorted(s.label.lower() for s in TRANSITIONS[self.state_choice]))
+            raise InvalidTransition(
+                f"Change #{self.pk} is {self.state_choice.label.lower()}: it cannot become "
+                f"{state.label.lower()} (from here: {allowed or 'nothing, it is finished'})."
+            )
+        before = self.state_choice
+        self.state = state
+        fields = ["state", "updated_at"]
+        stamp = STAMPS.get(state)
+        if stamp:
+            setattr(self, stamp, timezone.now())
+            fields.append(stamp)
+        self.save(update_fields=fields)
+        return before
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state_choice.finished
+
+    @property
+    def in_review(self) -> bool:
+        return self.state in REVIEW_STATES
+
+    @property
+    def holds_lock(self) -> bool:
+        return self.state in LOCK_STATES
+
+    def is_stale(self, running_config_id: int | None = None) -> bool:
+        """True when the deployment no longer runs the config this change was proposed
+        against (someone applied another change meanwhile): review it again after a rebase."""
+        if not self.in_review:
+            return False
+        if running_config_id is None:
+            running_config_id = self.deployment.active_config_id
+        return running_config_id != self.base_config_id
+
+    def proposed_flat(self) -> dict:
+        """The proposed config flattened like ``EngineConfig.flat`` (env.X, placement.X)."""
+        flat = dict(self.settings or {})
+        flat.update({f"env.{k}": v for k, v in (self.env or {}).items()})
+        flat.update(
+            {f"placement.{k}": v for k, v in (self.placement or {}).items() if v is not None}
+        )
+        return flat
+
+    def diff(self) -> dict[str, tuple]:
+        """``{flag: (running value, proposed value)}`` for every flag that differs from the
+        base config."""
+        base = self.base_config.flat() if self.base_config else {}
+        mine = self.proposed_flat()
+        keys = sorted(set(base) | set(mine))
+        return {k: (base.get(k), mine.get(k)) for k in keys if base.get(k) != mine.get(k)}
+
+    def in_window(self, now=None) -> bool:
+        now = now or timezone.now()
+        if self.window_start and now < self.window_start:
+            return False
+        return not (self.window_end and now > self.window_end)
+
+    def current_approvals(self):
+        """The decisions of this round of review: those made against the current base."""
+        return self.approvals.filter(base_config_id=self.base_config_id)
+
+    def approvals_count(self) -> int:
+        return self.current_approvals().filter(decision=Decision.APPROVE).count()
+
+
+class Approval(models.Model):
+    """One reviewer's decision on a change, with their comment. One per reviewer per round of
+    review: a round is the base config the change was reviewed against, so a rebase deletes
+    nothing, and decisions made against an older base simply stop counting."""
+
+    change = models.ForeignKey(ChangeRequest, on_delete=models.CASCADE, related_name="approvals")
+    reviewer = models.ForeignKey(
+        conf.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reviewer_name = models.CharField(max_length=150)
+    decision = models.CharField(max_length=8, choices=Decision.choices)
+    comment = models.TextField(blank=True)
+    base_config = models.ForeignKey(
+        "hosts.EngineConfig",
+        null=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="The running config the reviewer saw the change against.",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at", "pk"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["change", "reviewer", "base_config"], name="approval_once_per_round"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.reviewer_name} {self.get_decision_display().lower()} #{self.change_id}"
+
+    @property
+    def decision_choice(self) -> Decision:
+        return Decision(self.decision)

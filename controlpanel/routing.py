@@ -3,9 +3,11 @@
 from django.urls import path
 
 from benchmarks.consumers import RunConsumer
+from changes.consumers import ChangeConsumer
 from hosts.consumers import HostConsumer
 
 websocket_urlpatterns = [
     path("ws/hosts/<int:pk>/", HostConsumer.as_asgi()),
     path("ws/benchmarks/<int:pk>/", RunConsumer.as_asgi()),
+    path("ws/changes/<int:pk>/", ChangeConsumer.as_asgi()),
 ]

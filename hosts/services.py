@@ -657,10 +657,17 @@ class OperationRefused(Exception):
 
 
 def request_operation(
-    actor, deployment: Deployment, kind: str, config: EngineConfig | None = None
+    actor,
+    deployment: Deployment,
+    kind: str,
+    config: EngineConfig | None = None,
+    *,
+    enqueue: bool = True,
 ) -> EngineOperation:
     """Queue an apply or restart: one at a time per deployment (row lock + the table's
-    partial unique constraint); the worker picks it up once this transaction commits."""
+    partial unique constraint); the worker picks it up once this transaction commits.
+    ``enqueue=False`` only records the row, for a caller already on a worker that runs it
+    itself (``run_operation``), such as a change's apply pipeline."""
     from hosts import tasks
 
     try:
@@ -689,8 +696,9 @@ def request_operation(
                 deployment,
                 after={"operation": operation.pk, "config_version": config.version},
             )
-            task = tasks.apply_config if kind == OperationKind.APPLY else tasks.restart_engine
-            transaction.on_commit(lambda: task.delay(operation.pk))
+            if enqueue:
+                task = tasks.apply_config if kind == OperationKind.APPLY else tasks.restart_engine
+                transaction.on_commit(lambda: task.delay(operation.pk))
     except IntegrityError:
         # Another request won the race between our check and our insert.
         active = deployment.operations.filter(status__in=ACTIVE_STATUSES).first()
