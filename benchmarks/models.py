@@ -89,6 +89,10 @@ class LoadProfile(models.Model):
         return not LoadProfile.objects.filter(name=self.name, version__gt=self.version).exists()
 
 
+# A run on a host with mixed GPUs records their distinct names, sorted, joined by this
+# (``BenchmarkRun.gpu_model``): the history's GPU filter and the cost page split on it.
+GPU_SEPARATOR = ", "
+
 SORTED_COLUMNS = (
     "ttft_p50_ms",
     "ttft_p95_ms",

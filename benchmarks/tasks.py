@@ -30,3 +30,8 @@ def run_benchmark(run_pk: int) -> None:
     except Exception as exc:
         runs.fail_run(run, f"{type(exc).__name__}: {exc}")
         raise
+
+
+@shared_task(time_limit=120, soft_time_limit=100, ignore_result=True)
+def fail_stale_runs() -> int:
+    return len(runs.fail_stale_runs())

@@ -1,13 +1,18 @@
-"""Cross-cutting workflows: writing the audit log."""
+"""Cross-cutting workflows: writing and reading the audit log."""
 
 from __future__ import annotations
 
+import csv
 import json
+from collections.abc import Iterator
+from datetime import datetime, time, timedelta
 
 from django.contrib.contenttypes.models import ContentType
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.forms.models import model_to_dict
+from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
 
 from controlpanel.models import AuditEntry
 
@@ -44,3 +49,181 @@ def audit(
         after=after,
         remote_addr=remote_addr,
     )
+
+
+# --- Reading the audit log: filters, page rows, exports -------------------------------------
+
+# Pages of objects, by "app_label.model", built from the entry alone (content type + id), so a
+# page of entries needs no query per row. Only models with a get_absolute_url belong here; a
+# name that does not resolve (an app without that page yet) simply leaves the object unlinked.
+AUDIT_OBJECT_URLS = {
+    "hosts.host": "hosts:detail",
+    "benchmarks.benchmarkrun": "benchmarks:detail",
+    "benchmarks.loadprofile": "benchmarks:profile",
+}
+AUDIT_EXPORT_COLUMNS = (
+    "id",
+    "created_at",
+    "actor",
+    "action",
+    "object_type",
+    "object_id",
+    "object",
+    "before",
+    "after",
+    "remote_addr",
+)
+AUDIT_EXPORT_LIMIT = 100_000  # the JSON export is built in memory
+AUDIT_VALUE_CHARS = 80
+# A spreadsheet runs a cell that starts with one of these as a formula (OWASP CSV injection).
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def audit_entries(criteria: dict) -> models.QuerySet:
+    """Audit entries matching ``criteria`` (the cleaned filters, every key optional), newest
+    first. ``actor``: a username, "" for the system, None for anyone; ``object_type``:
+    "app_label.model"; ``date_from``/``date_to``: dates, both inclusive, in the current zone.
+    """
+    entries = AuditEntry.objects.select_related("content_type")
+    if criteria.get("action"):
+        entries = entries.filter(action__startswith=criteria["action"])
+    if criteria.get("actor") is not None:
+        entries = entries.filter(actor_name=criteria["actor"])
+    if criteria.get("object_type"):
+        app_label, _, model = criteria["object_type"].partition(".")
+        entries = entries.filter(content_type__app_label=app_label, content_type__model=model)
+        if criteria.get("object_id"):
+            entries = entries.filter(object_id=criteria["object_id"])
+    if criteria.get("q"):
+        entries = entries.filter(object_repr__icontains=criteria["q"])
+    tz = timezone.get_current_timezone()
+    if criteria.get("date_from"):
+        entries = entries.filter(
+            created_at__gte=datetime.combine(criteria["date_from"], time.min, tz)
+        )
+    if criteria.get("date_to"):
+        # Before the next midnight: the whole "to" day, however fine the timestamps.
+        next_day = criteria["date_to"] + timedelta(days=1)
+        entries = entries.filter(created_at__lt=datetime.combine(next_day, time.min, tz))
+    return entries.order_by("-created_at", "-pk")
+
+
+def _object_type(entry: AuditEntry) -> str:
+    ct = entry.content_type
+    return f"{ct.app_label}.{ct.model}" if ct else ""
+
+
+def audit_object_url(entry: AuditEntry) -> str | None:
+    """The page of the entry's object, or None (no page, or no object)."""
+    name = AUDIT_OBJECT_URLS.get(_object_type(entry))
+    if not name or not entry.object_id:
+        return None
+    try:
+        return reverse(name, args=[entry.object_id])
+    except NoReverseMatch:
+        return None
+
+
+def _short(value) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, cls=DjangoJSONEncoder)
+    if len(text) > AUDIT_VALUE_CHARS:
+        return text[: AUDIT_VALUE_CHARS - 1] + "…"
+    return text
+
+
+def audit_changes(entry: AuditEntry) -> list[dict]:
+    """The changed fields as {field, before, after}, values shortened for a table cell;
+    None where the field is absent on that side (created, deleted, or not recorded)."""
+
+    def as_dict(value) -> dict:
+        if value is None:
+            return {}
+        return value if isinstance(value, dict) else {"value": value}
+
+    before, after = as_dict(entry.before), as_dict(entry.after)
+    missing = object()
+    rows = []
+    for field in sorted(set(before) | set(after)):
+        old, new = before.get(field, missing), after.get(field, missing)
+        if old == new:
+            continue
+        rows.append(
+            {
+                "field": field,
+                "before": None if old is missing else _short(old),
+                "after": None if new is missing else _short(new),
+            }
+        )
+    return rows
+
+
+def audit_page_rows(entries) -> list[AuditEntry]:
+    """Entries of one page, each given ``url`` and ``changes`` for the table (no queries)."""
+    rows = list(entries)
+    for entry in rows:
+        entry.url = audit_object_url(entry)
+        entry.changes = audit_changes(entry)
+    return rows
+
+
+def audit_export_record(entry: AuditEntry) -> dict:
+    """One entry as exported; ``actor`` is "" for the system, as stored."""
+    return {
+        "id": entry.pk,
+        "created_at": entry.created_at.isoformat(),
+        "actor": entry.actor_name,
+        "action": entry.action,
+        "object_type": _object_type(entry),
+        "object_id": entry.object_id,
+        "object": entry.object_repr,
+        "before": entry.before,
+        "after": entry.after,
+        "remote_addr": entry.remote_addr,
+    }
+
+
+def _csv_cell(value) -> str:
+    text = "" if value is None else str(value)
+    return "'" + text if text.startswith(_FORMULA_STARTS) else text
+
+
+class _Echo:
+    """A file-like that hands back what csv.writer writes, so rows stream one by one."""
+
+    def write(self, value: str) -> str:
+        return value
+
+
+def audit_csv_lines(entries: models.QuerySet) -> Iterator[str]:
+    """CSV text of ``entries``, header first, one line at a time; before/after as JSON."""
+    writer = csv.writer(_Echo())
+    yield writer.writerow(AUDIT_EXPORT_COLUMNS)
+    for entry in entries.iterator(chunk_size=2000):
+        record = audit_export_record(entry)
+        for key in ("before", "after"):
+            value = record[key]
+            record[key] = "" if value is None else json.dumps(value, cls=DjangoJSONEncoder)
+        yield writer.writerow([_csv_cell(record[col]) for col in AUDIT_EXPORT_COLUMNS])
+
+
+def audit_json_export(entries: models.QuerySet, filters: dict) -> dict:
+    """The JSON export: the filters, the entries (at most AUDIT_EXPORT_LIMIT, newest first)
+    and whether the limit cut some off."""
+    records = []
+    truncated = False
+    for entry in entries[: AUDIT_EXPORT_LIMIT + 1].iterator(chunk_size=2000):
+        if len(records) == AUDIT_EXPORT_LIMIT:
+            truncated = True
+            break
+        records.append(audit_export_record(entry))
+    return {
+        "filters": filters,
+        "count": len(records),
+        "truncated": truncated,
+        "limit": AUDIT_EXPORT_LIMIT,
+        "entries": records,
+    }
+
+
+def audit_export_filename(extension: str) -> str:
+    return f"audit-{timezone.localtime():%Y%m%d-%H%M}.{extension}"

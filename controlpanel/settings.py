@@ -106,6 +106,23 @@ def _read():
         "SSH_REMOTE_DIR": env_str("SSH_REMOTE_DIR", "~/.llm-panel"),
         "BENCHMARK_MAX_SECONDS": env_float("BENCHMARK_MAX_SECONDS", 3 * 3600.0, minimum=10),
         "BENCHMARK_READY_TIMEOUT": env_float("BENCHMARK_READY_TIMEOUT_SECONDS", 60.0, minimum=0.5),
+        "BENCHMARK_STALE_SECONDS": env_float("BENCHMARK_STALE_SECONDS", 300.0, minimum=10),
+        "CHANGE_PRODUCTION_LABEL": env_str("CHANGE_PRODUCTION_LABEL", "env=production"),
+        "CHANGE_PRODUCTION_APPROVALS": env_int(
+            "CHANGE_PRODUCTION_APPROVALS", 2, minimum=1, maximum=5
+        ),
+        "CHANGE_HEALTH_TIMEOUT": env_float("CHANGE_HEALTH_TIMEOUT_SECONDS", 30.0, minimum=1),
+        "CHANGE_HEARTBEAT_SECONDS": env_float("CHANGE_HEARTBEAT_SECONDS", 10.0, minimum=0.5),
+        "CHANGE_NOTIFY_EMAILS": env_list("CHANGE_NOTIFY_EMAILS", []),
+        "CHANGE_WEBHOOK_URL": env_secret("CHANGE_WEBHOOK_URL"),
+        "PANEL_URL": env_str("PANEL_URL", "http://127.0.0.1:8000").rstrip("/"),
+        "EMAIL_HOST": env_str("EMAIL_HOST", ""),
+        "EMAIL_PORT": env_int("EMAIL_PORT", 25, minimum=1, maximum=65535),
+        "EMAIL_HOST_USER": env_str("EMAIL_HOST_USER", ""),
+        "EMAIL_HOST_PASSWORD": env_secret("EMAIL_HOST_PASSWORD") or "",
+        "EMAIL_USE_TLS": env_bool("EMAIL_USE_TLS", False),
+        "EMAIL_USE_SSL": env_bool("EMAIL_USE_SSL", False),
+        "DEFAULT_FROM_EMAIL": env_str("DEFAULT_FROM_EMAIL", "llm-panel@localhost"),
     }
 
 
@@ -233,6 +250,9 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_TIME_LIMIT = _env["TASK_TIME_LIMIT"]
 CELERY_TASK_SOFT_TIME_LIMIT = max(1, _env["TASK_TIME_LIMIT"] - 30)
 CELERY_TASK_ACKS_LATE = True
+# A worker process killed mid-task (OOM, SIGKILL) gives its message back at once instead of
+# acknowledging it: the redelivered copy then finds its row still running and closes it.
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
@@ -273,7 +293,59 @@ ENGINE_READY_TIMEOUT = _env["ENGINE_READY_TIMEOUT"]
 BENCHMARK_MAX_SECONDS = _env["BENCHMARK_MAX_SECONDS"]
 # How long a run waits for the engine to answer /health and /v1/models before failing.
 BENCHMARK_READY_TIMEOUT = _env["BENCHMARK_READY_TIMEOUT"]
+# A running run with no new point for this long (or a queued one past its time limit) is
+# failed by the sweep: its worker is gone and no redelivery came to close it.
+BENCHMARK_STALE_SECONDS = _env["BENCHMARK_STALE_SECONDS"]
 SSH_REMOTE_DIR = _env["SSH_REMOTE_DIR"]
+# With late acks, Redis hands a task that is still unacknowledged after this many seconds to
+# another worker, even while the first still runs it: that copy would find its run "running"
+# and fail it. So it outlasts the longest task: a benchmark (hard limit BENCHMARK_MAX_SECONDS
+# + 120 s, benchmarks/tasks.py), an apply waiting twice for readiness (hosts/tasks.py), and a
+# change's pipeline, one task holding up to two of each (changes.services.
+# pipeline_time_limit; 4 h when called without one), plus a margin for the time a message
+# waits for a free worker. Erring long only delays Redis noticing a lost worker machine;
+# the stale-run sweep (below) closes such runs sooner.
+_BENCHMARK_TASK_LIMIT = BENCHMARK_MAX_SECONDS + 120
+_OPERATION_TASK_LIMIT = ENGINE_READY_TIMEOUT * 2 + 150
+_LONGEST_TASK = max(
+    2 * (_BENCHMARK_TASK_LIMIT + _OPERATION_TASK_LIMIT), 4 * 3600, CELERY_TASK_TIME_LIMIT
+)
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": int(_LONGEST_TASK + 1800)}
+CELERY_BEAT_SCHEDULE["fail-stale-benchmarks"] = {
+    "task": "benchmarks.tasks.fail_stale_runs",
+    "schedule": 60.0,
+}
+
+# --- Changes -------------------------------------------------------------------------------
+# Hosts carrying this label (key=value) need CHANGE_PRODUCTION_APPROVALS approvals, others one.
+CHANGE_PRODUCTION_LABEL = _env["CHANGE_PRODUCTION_LABEL"]
+CHANGE_PRODUCTION_APPROVALS = _env["CHANGE_PRODUCTION_APPROVALS"]
+# How long the pipeline's own health check waits for /health and /v1/models after a restart.
+CHANGE_HEALTH_TIMEOUT = _env["CHANGE_HEALTH_TIMEOUT"]
+# A running pipeline stamps its change this often; three missed beats make it resumable.
+CHANGE_HEARTBEAT_SECONDS = _env["CHANGE_HEARTBEAT_SECONDS"]
+# Notifications: always the proposer and (for new proposals) the approvers with an address,
+# plus these addresses; and a Slack-compatible webhook when set (a secret: _FILE works).
+CHANGE_NOTIFY_EMAILS = _env["CHANGE_NOTIFY_EMAILS"]
+CHANGE_WEBHOOK_URL = _env["CHANGE_WEBHOOK_URL"]
+# Where people reach the panel, for links in notifications.
+PANEL_URL = _env["PANEL_URL"]
+# Mail goes through SMTP when EMAIL_HOST is set; otherwise to the log (console backend).
+EMAIL_HOST = _env["EMAIL_HOST"]
+EMAIL_BACKEND = (
+    "django.core.mail.backends.smtp.EmailBackend"
+    if EMAIL_HOST
+    else "django.core.mail.backends.console.EmailBackend"
+)
+EMAIL_PORT = _env["EMAIL_PORT"]
+EMAIL_HOST_USER = _env["EMAIL_HOST_USER"]
+EMAIL_HOST_PASSWORD = _env["EMAIL_HOST_PASSWORD"]
+EMAIL_USE_TLS = _env["EMAIL_USE_TLS"]
+EMAIL_USE_SSL = _env["EMAIL_USE_SSL"]
+EMAIL_TIMEOUT = 10
+DEFAULT_FROM_EMAIL = _env["DEFAULT_FROM_EMAIL"]
+SERVER_EMAIL = DEFAULT_FROM_EMAIL
+
 if TELEMETRY_INTERVAL > 0:
     CELERY_BEAT_SCHEDULE["poll-telemetry"] = {
         "task": "hosts.tasks.poll_telemetry",

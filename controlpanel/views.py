@@ -6,11 +6,13 @@ from django.contrib.auth.decorators import login_not_required, permission_requir
 from django.core.paginator import Paginator
 from django.db import connection
 from django.db.models import Count, Sum
-from django.http import JsonResponse
+from django.http import JsonResponse, StreamingHttpResponse
 from django.shortcuts import render
 from django.views.decorators.cache import never_cache
 
 from benchmarks.models import BenchmarkRun
+from controlpanel import services
+from controlpanel.forms import AuditFilterForm
 from controlpanel.models import AuditEntry
 from hosts.models import Deployment, Gpu, Host, HostCheck
 
@@ -62,12 +64,33 @@ def dashboard(request):
 
 @permission_required("controlpanel.view_auditentry", raise_exception=True)
 def audit_log(request):
-    entries = AuditEntry.objects.select_related("content_type")
-    action = request.GET.get("action", "").strip()
-    if action:
-        entries = entries.filter(action__startswith=action)
+    form = AuditFilterForm(request.GET)
+    if not form.is_valid():
+        # Invalid filters list nothing: an unfiltered log could pass for the filtered one.
+        return render(request, "controlpanel/audit_log.html", {"form": form}, status=400)
+    entries = services.audit_entries(form.cleaned_data)
     page = Paginator(entries, 50).get_page(request.GET.get("page"))
-    return render(request, "controlpanel/audit_log.html", {"page": page, "action": action})
+    page.object_list = services.audit_page_rows(page.object_list)
+    return render(request, "controlpanel/audit_log.html", {"form": form, "page": page})
+
+
+@permission_required("controlpanel.view_auditentry", raise_exception=True)
+def audit_export(request, fmt: str):
+    """The filtered log as CSV (streamed) or JSON (at most AUDIT_EXPORT_LIMIT entries)."""
+    form = AuditFilterForm(request.GET)
+    if not form.is_valid():
+        return JsonResponse({"errors": form.errors.get_json_data()}, status=400)
+    entries = services.audit_entries(form.cleaned_data)
+    filename = services.audit_export_filename(fmt)
+    if fmt == "csv":
+        response = StreamingHttpResponse(
+            services.audit_csv_lines(entries), content_type="text/csv; charset=utf-8"
+        )
+    else:
+        filters = {k: v for k, v in request.GET.items() if k != "page" and v}
+        response = JsonResponse(services.audit_json_export(entries, filters))
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
 
 
 @login_not_required

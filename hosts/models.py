@@ -148,6 +148,12 @@ class Host(models.Model):
     hostname = models.CharField(max_length=255, blank=True)
     driver_version = models.CharField(max_length=40, blank=True)
     cuda_version = models.CharField(max_length=40, blank=True)
+    libraries = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Versions of the Python packages engines run on (vllm, torch, …) as the "
+        "host reported them: {name: version}.",
+    )
     cpu_count = models.PositiveIntegerField(null=True, blank=True)
     cpu_model = models.CharField(max_length=200, blank=True)
     memory_total_bytes = models.PositiveBigIntegerField(null=True, blank=True)

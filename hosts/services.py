@@ -298,11 +298,19 @@ def _test_transport(host: Host) -> str:
         _set_status(host, HostStatus.ERROR, str(exc))
         return f"connection failed: {exc}"
     host.agent_version = info.get("agent_version") or ""
-    host.save(update_fields=["agent_version"])
+    host.libraries = reported_libraries(info.get("libraries"))
+    host.save(update_fields=["agent_version", "libraries"])
     source = info.get("telemetry_source") or "none"
     gpus = host.gpus.count()
     where = f"{info.get('kind', host.transport)} on {info.get('hostname', '?')}"
     return f"{where}: {gpus} GPU(s), telemetry from {source}"
+
+
+def reported_libraries(value) -> dict[str, str]:
+    """A host's ``{package: version}`` as stored: strings, bounded, whatever the host sent."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(name)[:100]: str(version)[:60] for name, version in list(value.items())[:50]}
 
 
 def _offer_host_key(host: Host, exc: HostKeyUnknown | HostKeyMismatch) -> None:

@@ -10,16 +10,18 @@ from django.core.exceptions import NON_FIELD_ERRORS
 from benchmarks import cost
 from benchmarks.choices import Pricing
 from benchmarks.models import BenchmarkRun, Price
+from benchmarks.services.prices import PRICE_AS
 from hosts.models import Host
 
 RUN_CHOICES_SHOWN = 100
 CURRENCY = re.compile(r"^[A-Z]{3}$")
+FOCUS = re.compile(r"\d{1,18}(-(\d{1,18}|host))?")
 
 
 class CostForm(forms.Form):
     """What the cost page assumes: how much of the paid time serves traffic, the pricing,
-    the SLO a run must meet and which runs to compare. Every field has a default, so a bare
-    ``/cost/`` is a valid request."""
+    the SLO a run must meet, which runs to compare and at which prices. Every field has a
+    default, so a bare ``/cost/`` is a valid request."""
 
     DEFAULTS = {
         "utilisation_pct": "100",
@@ -38,7 +40,11 @@ class CostForm(forms.Form):
         label="Restart overhead (%)",
         help_text="Share of the serving time lost to restarts, model loading and recovery.",
     )
-    pricing = forms.ChoiceField(choices=Pricing.choices)
+    pricing = forms.ChoiceField(
+        choices=Pricing.choices,
+        help_text="Which price of each host (and of each instance type with the same GPUs) "
+        "applies; chosen prices apply as they are.",
+    )
     slo_ttft_p95_ms = forms.FloatField(
         label="SLO: p95 TTFT at most (ms)", required=False, min_value=0
     )
@@ -56,7 +62,22 @@ class CostForm(forms.Form):
         help_text="Empty: the latest 20 succeeded runs.",
         widget=forms.SelectMultiple(attrs={"size": 6}),
     )
-    focus = forms.IntegerField(required=False, widget=forms.HiddenInput)
+    price_as = forms.ChoiceField(
+        label="Price each run at",
+        required=False,
+        choices=list(PRICE_AS.items()),
+        help_text="Each run at each price is one option in the ranking: which config on "
+        "which instance type is cheapest. Empty: the chosen prices if any, else the host's.",
+    )
+    prices = forms.ModelMultipleChoiceField(
+        queryset=Price.objects.order_by("name", "pricing"),
+        required=False,
+        label="Chosen prices",
+        help_text="Instance types to price every selected run at (with “each chosen price”).",
+        widget=forms.SelectMultiple(attrs={"size": 6}),
+    )
+    # A row of the table: "<run pk>-host", "<run pk>-<price pk>", or a run pk (its first row).
+    focus = forms.CharField(required=False, widget=forms.HiddenInput)
 
     def __init__(self, query=None, **kwargs):
         data = query.copy() if query is not None else None
@@ -102,6 +123,20 @@ class CostForm(forms.Form):
             )
         return value
 
+    def clean_focus(self) -> str:
+        # Only ever set by the page's own links: one that names no row (an edited URL, a
+        # price since deleted) shows the cheapest, rather than a form error nobody can see.
+        value = self.cleaned_data.get("focus") or ""
+        return value if FOCUS.fullmatch(value) else ""
+
+    def clean(self):
+        data = super().clean()
+        if not data.get("price_as"):
+            data["price_as"] = "chosen" if data.get("prices") else "host"
+        if data["price_as"] == "chosen" and not data.get("prices"):
+            self.add_error("prices", "Choose at least one price to price the runs at.")
+        return data
+
     def report_arguments(self) -> dict:
         """Keyword arguments of ``benchmarks.services.prices.cost_report``."""
         data = self.cleaned_data
@@ -116,7 +151,9 @@ class CostForm(forms.Form):
                 max_error_rate=None if error is None else error / 100,
             ),
             "metric": data["rank_by"],
-            "focus": data.get("focus"),
+            "price_as": data["price_as"],
+            "prices": [price.pk for price in data.get("prices") or []],
+            "focus": data.get("focus") or None,
         }
 
 
@@ -140,6 +177,9 @@ class PriceForm(forms.ModelForm):
             "hourly_price": "Per hour for the whole instance (all its GPUs).",
             "currency": "ISO 4217 code, e.g. USD, EUR.",
             "hosts": "The hosts that are this instance type (hold Ctrl/⌘ to pick several).",
+            "gpu_model": "As people write it (H100, A100-SXM4-40GB): the cost page prices runs "
+            "on these GPUs at this price when its model names theirs in whole words.",
+            "gpu_count": "GPUs in one instance; with the model, what runs it prices.",
         }
         error_messages = {
             NON_FIELD_ERRORS: {

@@ -24,6 +24,8 @@ from benchmarks.loadgen.stats import RequestRecord, percentile, summarize
 from benchmarks.loadgen.transport import FastTransport
 
 ROLLING_WINDOW_S = 10.0
+# How long before each tick the engine's /metrics is read (see LoadRun._ticker).
+SCRAPE_LEAD_S = 0.25
 # Per-request TTFTs handed to the live view each second, at most this many (evenly spread
 # over the second's completions): enough for a scatter, bounded at any request rate.
 TTFT_SAMPLES_PER_TICK = 100
@@ -158,10 +160,12 @@ class LoadRun:
                 spec.dataset, spec.seed, await self._tokens_per_word(client)
             )
             self.url = spec.base_url.rstrip("/") + spec.endpoint
-            self.epoch = CLOCK()
             scraper = Scraper(client, spec.base_url.rstrip("/") + "/metrics")
             if spec.scrape_metrics:
+                # Before the clock starts: however long a slow /metrics takes to answer, the
+                # first points still come one a second from the start of the load.
                 await scraper.snapshot(0.0)
+            self.epoch = CLOCK()
             background = [asyncio.create_task(self._ticker(scraper))]
             try:
                 if spec.warmup_requests and not self.stopping:
@@ -388,19 +392,36 @@ class LoadRun:
     # --- progress -------------------------------------------------------------------------
     async def _ticker(self, scraper: Scraper) -> None:
         next_tick = 1.0
-        while True:
-            delay = next_tick - (CLOCK() - self.epoch)
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if self.spec.scrape_metrics:
-                await scraper.snapshot(CLOCK() - self.epoch)
-            await self._emit(self._tick(scraper))
-            # What survived the last second (records, their chunk times, finished tasks) is
-            # moved out of the collector's reach too, so no pass ever walks the whole run's
-            # heap: a full collection at 256 streams stalled the loop for 60+ ms. Garbage
-            # cycles frozen this way are freed when the run ends (unfreeze, collect).
-            gc.freeze()
-            next_tick += 1.0
+        scrape: asyncio.Task | None = None
+        try:
+            while True:
+                if self.spec.scrape_metrics:
+                    await self._sleep_until(next_tick - SCRAPE_LEAD_S)
+                    # /metrics is read beside the tick, never in its way: an engine that
+                    # answers slowly (its /metrics is served by the busy API process) would
+                    # otherwise push every point late. Started a little ahead so a prompt
+                    # answer is in this second's point; a slow one shows in a later point;
+                    # one scrape at a time, so a stuck engine is not piled up on.
+                    if scrape is None or scrape.done():
+                        scrape = asyncio.create_task(scraper.snapshot(CLOCK() - self.epoch))
+                await self._sleep_until(next_tick)
+                await self._emit(self._tick(scraper))
+                # What survived the last second (records, their chunk times, finished tasks)
+                # is moved out of the collector's reach too, so no pass ever walks the whole
+                # run's heap: a full collection at 256 streams stalled the loop for 60+ ms.
+                # Garbage cycles frozen this way are freed when the run ends (unfreeze,
+                # collect).
+                gc.freeze()
+                next_tick += 1.0
+        finally:
+            if scrape is not None:
+                scrape.cancel()
+                await asyncio.gather(scrape, return_exceptions=True)
+
+    async def _sleep_until(self, at: float) -> None:
+        delay = at - (CLOCK() - self.epoch)
+        if delay > 0:
+            await asyncio.sleep(delay)
 
     async def _emit(self, point: dict) -> None:
         if self.on_progress is not None:

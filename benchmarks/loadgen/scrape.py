@@ -8,6 +8,7 @@ releases' names too: they come from one table, ``hosts.engines.metrics``.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
@@ -94,8 +95,16 @@ class Scraper:
         self.last: dict | None = None
         self.timeline: list[dict] = []
         self.error: str | None = None
+        # The per-second scrape runs in its own task (runner.LoadRun._ticker) while the run
+        # takes its own snapshots after the warm-up and at the end: one request at a time,
+        # so the snapshots stay in order and a slow engine is not asked twice at once.
+        self._one_at_a_time = asyncio.Lock()
 
     async def snapshot(self, at: float) -> dict | None:
+        async with self._one_at_a_time:
+            return await self._snapshot(at)
+
+    async def _snapshot(self, at: float) -> dict | None:
         try:
             response = await self.client.get(self.url, timeout=5)
             response.raise_for_status()

@@ -8,14 +8,14 @@ import json
 import math
 from datetime import datetime, time
 
-from django.db.models import F, QuerySet
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from benchmarks import records as request_records
 from benchmarks.loadgen import __version__ as LOADGEN_VERSION
 from benchmarks.loadgen.profile import build_spec
 from benchmarks.loadgen.spec import SpecError
-from benchmarks.models import BenchmarkRun, RunPoint
+from benchmarks.models import GPU_SEPARATOR, BenchmarkRun, RunPoint
 from benchmarks.services.runs import COLUMNS
 from controlpanel.choices import OperationStatus
 
@@ -85,7 +85,6 @@ def filtered_runs(criteria: dict) -> QuerySet:
     ).only(*LIST_FIELDS)
     exact = {
         "host": "deployment__host",
-        "gpu": "gpu_model",
         "engine": "engine",
         "model": "model_name",
         "config": "engine_config__version",
@@ -98,6 +97,8 @@ def filtered_runs(criteria: dict) -> QuerySet:
         value = criteria.get(key)
         if value not in (None, ""):
             runs = runs.filter(**{lookup: value})
+    if criteria.get("gpu"):
+        runs = runs.filter(used_gpu(criteria["gpu"]))
     if criteria.get("q"):
         runs = runs.filter(label__icontains=criteria["q"])
     tz = timezone.get_current_timezone()
@@ -106,6 +107,21 @@ def filtered_runs(criteria: dict) -> QuerySet:
     if criteria.get("date_to"):
         runs = runs.filter(created_at__lte=datetime.combine(criteria["date_to"], time.max, tz))
     return runs.order_by(*ordering(criteria.get("sort") or DEFAULT_SORT))
+
+
+def used_gpu(name: str) -> Q:
+    """Runs that used a GPU named ``name``. A host with mixed GPUs records their names joined
+    (``gpu_model`` is "A, B"), so the name matches one whole item of that list: the whole
+    value, its first, its last or a middle item, never the start of a longer name ("NVIDIA
+    A100" does not find "NVIDIA A100-SXM4-80GB"). Case-insensitive, as the box is free text
+    (and SQLite's LIKE is anyway)."""
+    sep = GPU_SEPARATOR
+    return (
+        Q(gpu_model__iexact=name)
+        | Q(gpu_model__istartswith=name + sep)
+        | Q(gpu_model__iendswith=sep + name)
+        | Q(gpu_model__icontains=sep + name + sep)
+    )
 
 
 def ordering(sort: str) -> list:

@@ -4,7 +4,8 @@ useful work). The arithmetic lives in ``benchmarks.cost``; this module fetches a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
 from django.conf import settings
@@ -13,12 +14,18 @@ from django.db.models import Count
 
 from benchmarks import cost
 from benchmarks.choices import Pricing
-from benchmarks.models import BenchmarkRun, Price
+from benchmarks.models import GPU_SEPARATOR, BenchmarkRun, Price
 from controlpanel.choices import OperationStatus
 from controlpanel.services import audit, snapshot
 from hosts.models import Host
 
 DEFAULT_RUN_COUNT = 20
+# Which prices each selected run is evaluated under on the cost page.
+PRICE_AS = {
+    "host": "its host's price",
+    "matching": "its host's price and every listed price for the same GPUs",
+    "chosen": "each chosen price",
+}
 PRICE_FIELDS = [
     "name",
     "pricing",
@@ -52,6 +59,35 @@ def hourly_price_for(host, pricing: str = Pricing.ON_DEMAND) -> tuple[Decimal, s
 def hourly_prices_for(hosts, pricing: str = Pricing.ON_DEMAND) -> dict:
     """``hourly_price_for`` of many hosts in one query: {host pk: (price, currency, source)}."""
     hosts = list(hosts)
+    choices = host_price_choices(hosts, pricing)
+    return {
+        host.pk: (choices[host.pk].hourly_price, choices[host.pk].currency, choices[host.pk].source)
+        for host in hosts
+    }
+
+
+@dataclass(frozen=True)
+class PriceChoice:
+    """One hourly price a run can be evaluated under: its host's own (``key`` "host") or a
+    listed instance type's (``key`` its pk), with where it came from."""
+
+    key: str
+    hourly_price: Decimal
+    currency: str
+    source: str
+    name: str
+    price: Price | None = None
+
+
+def _listed(price: Price) -> PriceChoice:
+    return PriceChoice(
+        str(price.pk), price.hourly_price, price.currency, str(price), str(price), price
+    )
+
+
+def host_price_choices(hosts, pricing: str = Pricing.ON_DEMAND) -> dict[int, PriceChoice]:
+    """Each host's price under ``pricing`` (as ``hourly_price_for``), in one query."""
+    hosts = list(hosts)
     links = (
         Price.hosts.through.objects.filter(host__in=hosts, price__pricing=pricing)
         .select_related("price")
@@ -64,14 +100,34 @@ def hourly_prices_for(hosts, pricing: str = Pricing.ON_DEMAND) -> dict:
     for host in hosts:
         price = found.get(host.pk)
         if price is not None:
-            result[host.pk] = (price.hourly_price, price.currency, str(price))
+            result[host.pk] = replace(_listed(price), key="host")
         else:
-            result[host.pk] = (
+            result[host.pk] = PriceChoice(
+                "host",
                 host.hourly_price,
                 settings.PANEL_CURRENCY,
                 _host_price_source(host, pricing),
+                host.name,
             )
     return result
+
+
+def _words(name: str) -> list[str]:
+    return [word for word in re.split(r"[\s\-_/]+", name.lower()) if word]
+
+
+def same_gpus(price: Price, gpu_model: str, gpu_count: int | None) -> bool:
+    """Whether ``price``'s instance type has the GPUs a run used: as many, and of the one
+    model the run used (a run on mixed GPUs matches no instance type). The price's model
+    names it in whole words, as people write it: "H100" and "H100 80GB" name "NVIDIA H100
+    80GB HBM3"; "A100-SXM4-40GB" does not name an "NVIDIA A100-SXM4-80GB". A price without
+    a GPU model and count matches nothing (choose it by hand)."""
+    if not (price.gpu_model.strip() and price.gpu_count and gpu_model and gpu_count):
+        return False
+    if price.gpu_count != gpu_count or GPU_SEPARATOR in gpu_model:
+        return False
+    want, have = _words(price.gpu_model), _words(gpu_model)
+    return any(have[i : i + len(want)] == want for i in range(len(have) - len(want) + 1))
 
 
 # --- the price list -------------------------------------------------------------------------
@@ -160,6 +216,7 @@ class CostReport:
     metric: str
     utilisation: float
     restart_overhead: float
+    price_as: str = "host"
     rows: list[dict] = field(default_factory=list)
     ranking: cost.Ranking | None = None
     focus: dict | None = None
@@ -169,8 +226,9 @@ class CostReport:
 
     @property
     def cheapest(self) -> dict | None:
+        """The row (a run at a price) of the cheapest option meeting the SLO."""
         best = self.ranking.cheapest if self.ranking else None
-        return next((row for row in self.rows if best and row["run"].pk == best.key), None)
+        return next((row for row in self.rows if best and row["key"] == best.key), None)
 
     @property
     def left_out(self) -> list[dict]:
@@ -180,6 +238,10 @@ class CostReport:
     @property
     def pricing_label(self) -> str:
         return Pricing(self.pricing).label
+
+    @property
+    def price_as_label(self) -> str:
+        return PRICE_AS[self.price_as]
 
     @property
     def metric_label(self) -> str:
@@ -209,11 +271,22 @@ def cost_report(
     pricing: str = Pricing.ON_DEMAND,
     slo: cost.Slo | None = None,
     metric: str = "per_request",
+    price_as: str = "host",
+    prices=None,
     focus=None,
 ) -> CostReport:
-    """Price every run in ``runs`` (pks; default the latest succeeded runs) at its host's
-    current ``pricing`` price, rank those in the panel's currency that meet ``slo`` by
-    ``metric``, and work the formulas out for the ``focus`` run (default the cheapest)."""
+    """Price every run in ``runs`` (pks; default the latest succeeded runs) and rank the
+    options in the panel's currency that meet ``slo`` by ``metric``, working the formulas out
+    for the ``focus`` option (default the cheapest).
+
+    An option is a run at one hourly price, so the ranking answers "which config on which
+    instance type": ``price_as`` "host" prices each run at its host's current ``pricing``
+    price; "matching" adds every listed price under ``pricing`` whose instance type has the
+    GPUs the run used (``same_gpus``); "chosen" prices each run at each of ``prices`` (Price
+    pks) as they are. The throughput measured on one machine stands for the other: only
+    fair for the same GPUs, which the page says where they differ."""
+    if price_as not in PRICE_AS:
+        raise ValueError(f"unknown price_as {price_as!r}: one of {', '.join(PRICE_AS)}")
     slo = slo or cost.Slo()
     report = CostReport(
         currency=settings.PANEL_CURRENCY,
@@ -222,26 +295,31 @@ def cost_report(
         metric=metric,
         utilisation=float(utilisation),
         restart_overhead=float(restart_overhead),
+        price_as=price_as,
         default_selection=not runs,
     )
     chosen = selected_runs(runs)
-    hosts = {run.deployment.host.pk: run.deployment.host for run in chosen}
-    prices = hourly_prices_for(hosts.values(), pricing)
     options = []
-    for run in chosen:
-        price, currency, source = prices[run.deployment.host_id]
-        run_cost = cost.RunCost.from_run(run, price, currency, utilisation, restart_overhead)
-        option = cost.Option(run.pk, run_cost, run.ttft_p95_ms, _label(run))
+    for run, choice in _pairs(chosen, pricing, price_as, prices):
+        run_cost = cost.RunCost.from_run(
+            run, choice.hourly_price, choice.currency, utilisation, restart_overhead
+        )
+        label = _label(run) if price_as == "host" else f"{_label(run)} @ {choice.name}"
+        key = f"{run.pk}-{choice.key}"
+        option = cost.Option(key, run_cost, run.ttft_p95_ms, label)
         options.append(option)
         report.rows.append(
             {
+                "key": key,
                 "run": run,
                 "option": option,
                 "cost": run_cost,
-                "price": price,
-                "currency": currency,
-                "source": source,
-                "label": option.label,
+                "price": choice.hourly_price,
+                "price_key": choice.key,
+                "currency": choice.currency,
+                "source": choice.source,
+                "gpu_note": _gpu_note(choice.price, run),
+                "label": label,
             }
         )
     report.ranking = cost.rank(options, slo, currency=report.currency, metric=metric)
@@ -264,14 +342,55 @@ def cost_report(
     return report
 
 
+def _pairs(runs: list, pricing: str, price_as: str, prices) -> list[tuple]:
+    """(run, PriceChoice) for every option on the page, a run's in the order: its host's
+    price, then the others by name. The same few queries whatever the number of runs."""
+    if price_as == "chosen":
+        listed = [_listed(p) for p in Price.objects.filter(pk__in=list(prices or []))]
+        return [(run, choice) for run in runs for choice in listed]
+    own = host_price_choices({run.deployment.host for run in runs}, pricing)
+    if price_as == "host":
+        return [(run, own[run.deployment.host_id]) for run in runs]
+    candidates = list(
+        Price.objects.filter(pricing=pricing, gpu_count__isnull=False)
+        .exclude(gpu_model="")
+        .prefetch_related("hosts")
+    )
+    pairs = []
+    for run in runs:
+        pairs.append((run, own[run.deployment.host_id]))
+        for price in candidates:
+            # The instance type the host is already priced as is its own price, not another.
+            linked = any(host.pk == run.deployment.host_id for host in price.hosts.all())
+            if not linked and same_gpus(price, run.gpu_model, run.gpu_count):
+                pairs.append((run, _listed(price)))
+    return pairs
+
+
+def _gpu_note(price: Price | None, run) -> str:
+    """Says when a chosen price's instance type has other GPUs than the run measured on."""
+    if price is None or not (price.gpu_model and price.gpu_count):
+        return ""
+    if same_gpus(price, run.gpu_model, run.gpu_count):
+        return ""
+    used = f"{run.gpu_count or '?'} × {run.gpu_model}" if run.gpu_model else "unknown GPUs"
+    return (
+        f"measured on {used}; this price is for {price.gpu_count} × {price.gpu_model}: "
+        "its throughput may differ there"
+    )
+
+
 def _label(run) -> str:
     return f"#{run.pk} {run.label}" if run.label else f"#{run.pk}"
 
 
 def _focus(rows: list[dict], focus) -> dict | None:
-    if focus is not None:
+    """The row named by ``focus``: a row key ("12-host", "12-3") or a run pk (its first
+    row); else the cheapest, else the first row with a cost."""
+    if focus not in (None, ""):
+        focus = str(focus)
         for row in rows:
-            if row["run"].pk == focus:
+            if row["key"] == focus or str(row["run"].pk) == focus:
                 return row
     return next((row for row in rows if row["cheapest"]), None) or next(
         (row for row in rows if row["cost"].per_request is not None), rows[0] if rows else None
@@ -281,7 +400,10 @@ def _focus(rows: list[dict], focus) -> dict | None:
 def _hover(row) -> str:
     run = row["run"]
     config = f"config v{run.engine_config.version}" if run.engine_config else "no config"
-    return f"{row['label']}<br>{run.deployment}<br>{config}<br>{run.load_profile or 'no profile'}"
+    return (
+        f"{row['label']}<br>{run.deployment}<br>{config}<br>{run.load_profile or 'no profile'}"
+        f"<br>priced as {row['source']}"
+    )
 
 
 def _scatter(report: CostReport) -> dict | None:

@@ -11,11 +11,13 @@ import queue
 import tempfile
 import threading
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
 from django.conf import settings
 from django.db import IntegrityError, close_old_connections, connection, transaction
+from django.db.models import Max
 from django.utils import timezone
 
 from benchmarks import records as request_records
@@ -23,7 +25,7 @@ from benchmarks.loadgen import __version__ as LOADGEN_VERSION
 from benchmarks.loadgen.profile import build_spec, plan, write_replay
 from benchmarks.loadgen.runner import LoadGenError, LoadRun, arun_with, new_event_loop_factory
 from benchmarks.loadgen.spec import SpecError
-from benchmarks.models import BenchmarkRun, LoadProfile, RunPoint, RunRequestLog
+from benchmarks.models import GPU_SEPARATOR, BenchmarkRun, LoadProfile, RunPoint, RunRequestLog
 from benchmarks.services.prices import hourly_price_for
 from controlpanel.choices import OperationStatus
 from controlpanel.realtime import group_name, publish
@@ -54,11 +56,13 @@ def time_limit_for(profile: LoadProfile) -> int:
 
 
 def start_benchmark(
-    actor, deployment: Deployment, profile: LoadProfile, *, label: str = ""
+    actor, deployment: Deployment, profile: LoadProfile, *, label: str = "", enqueue: bool = True
 ) -> BenchmarkRun:
     """Queue a load test of ``deployment`` under ``profile`` with the config it runs now.
     One run per deployment at a time (row lock + partial unique index), and none while an
-    apply or restart is under way: either would measure a moving target."""
+    apply or restart is under way: either would measure a moving target. ``enqueue=False``
+    only records the run, for a caller on a worker that executes it itself (``execute_run``),
+    such as a change's verification."""
     from benchmarks import tasks
 
     try:
@@ -111,11 +115,12 @@ def start_benchmark(
                 },
             )
             limit = time_limit_for(profile)
-            transaction.on_commit(
-                lambda: tasks.run_benchmark.apply_async(
-                    (run.pk,), soft_time_limit=limit + 60, time_limit=limit + 120
+            if enqueue:
+                transaction.on_commit(
+                    lambda: tasks.run_benchmark.apply_async(
+                        (run.pk,), soft_time_limit=limit + 60, time_limit=limit + 120
+                    )
                 )
-            )
     except IntegrityError:
         raise RunRefused(f"Another benchmark just started on {deployment}.") from None
     publish_status(run)
@@ -191,6 +196,10 @@ def execute_run(run: BenchmarkRun) -> BenchmarkRun:
     document = result.to_dict()
     records = document.pop("records", None) or []
     run.refresh_from_db()
+    if run.is_finished:
+        # Closed by the stale-run sweep while this worker still went on (it had stopped
+        # reporting for too long): that verdict and its reason stand.
+        return run
     store_results(run, document, records)
     run.progress = 1.0 if not result.cancelled else run.progress
     run.save(update_fields=["progress"])
@@ -217,13 +226,71 @@ def fail_run(run: BenchmarkRun, error: str) -> BenchmarkRun:
     return run
 
 
+# Before its first point a run records its environment, asks the engine for /version (3 s),
+# waits for readiness (BENCHMARK_READY_TIMEOUT) and for /tokenize (10 s); and a point's ``t``
+# counts from the load generator's clock, which starts after all that. So a point happened
+# up to this long plus the readiness timeout after started_at + t.
+SETUP_ALLOWANCE_S = 60.0
+
+
+def fail_stale_runs(now: datetime | None = None) -> list[BenchmarkRun]:
+    """Fail the runs whose worker is gone without a redelivery to say so (its machine died,
+    the broker lost the message): running ones that have written no point for
+    BENCHMARK_STALE_SECONDS (their worker writes one a second), and queued ones that no worker
+    took within their time limit. Run by beat every minute; returns the runs it failed."""
+    now = now or timezone.now()
+    grace = settings.BENCHMARK_STALE_SECONDS
+    allowance = settings.BENCHMARK_READY_TIMEOUT + SETUP_ALLOWANCE_S
+    failed = []
+    running = BenchmarkRun.objects.filter(status=OperationStatus.RUNNING).annotate(
+        newest_t=Max("points__t")
+    )
+    for run in running:
+        started = run.started_at or run.created_at
+        last = started + timedelta(seconds=run.newest_t or 0.0)
+        quiet = (now - last).total_seconds() - allowance
+        if quiet > grace:
+            said = (
+                f"its last point was at {run.newest_t:.0f} s"
+                if run.newest_t is not None
+                else "it wrote no point"
+            )
+            failed.append(
+                fail_run(
+                    run,
+                    f"no word from its worker for over {grace:.0f} s ({said}): "
+                    "the worker is gone and its measurements with it",
+                )
+            )
+    queued = BenchmarkRun.objects.filter(status=OperationStatus.QUEUED).select_related(
+        "load_profile"
+    )
+    for run in queued:
+        try:
+            limit = (
+                time_limit_for(run.load_profile)
+                if run.load_profile
+                else settings.BENCHMARK_MAX_SECONDS
+            )
+        except SpecError:
+            limit = settings.BENCHMARK_MAX_SECONDS
+        if (now - run.created_at).total_seconds() > limit:
+            failed.append(
+                fail_run(
+                    run,
+                    f"no worker started it within its time limit ({limit:.0f} s); it was never run",
+                )
+            )
+    return failed
+
+
 def environment(run: BenchmarkRun, spec) -> dict:
     """What makes the run reproducible, as the host reported it when the run started."""
     deployment = run.deployment
     host = deployment.host
     gpus = list(deployment.gpus.all()) or list(host.gpus.all())
     names = sorted({g.name for g in gpus})
-    run.gpu_model = ", ".join(names)[:100]
+    run.gpu_model = GPU_SEPARATOR.join(names)[:100]
     run.gpu_count = len(gpus) or None
     run.save(update_fields=["gpu_model", "gpu_count"])
     config = run.engine_config
@@ -235,6 +302,9 @@ def environment(run: BenchmarkRun, spec) -> dict:
             "agent_version": host.agent_version,
             "driver_version": host.driver_version,
             "cuda_version": host.cuda_version,
+            # The engines' Python packages (vllm, torch, triton, NCCL, ...) as the host last
+            # reported them: what /version does not say but changes the numbers.
+            "libraries": dict(host.libraries or {}),
             "cpu_model": host.cpu_model,
             "cpu_count": host.cpu_count,
             "telemetry_source": host.telemetry_source,
@@ -343,10 +413,13 @@ class PointSink:
 
     def _watch(self) -> None:
         close_old_connections()
-        flag = BenchmarkRun.objects.filter(pk=self.run.pk).values_list(
-            "cancel_requested", flat=True
-        )
-        if flag and flag[0] and not self._cancelled:
+        row = BenchmarkRun.objects.filter(pk=self.run.pk).values_list("cancel_requested", "status")
+        cancel, status = row[0] if row else (False, OperationStatus.RUNNING)
+        if status != OperationStatus.RUNNING and not self._cancelled:
+            # Failed by the stale-run sweep (or deleted): measuring on is wasted load.
+            self._cancelled = True
+            self.load.cancel(reason="the run was closed while it ran")
+        elif cancel and not self._cancelled:
             self._cancelled = True
             self.load.cancel()
         elif time.monotonic() > self.deadline and not self.timed_out:

@@ -7,7 +7,11 @@ HTTP API (JSON; every request needs ``Authorization: Bearer <token>``, compared 
 time; a wrong or missing token gets 401 ``{"error": "..."}``; bad input 400, unknown engine
 404, all with ``{"error": "..."}``). Engine names are ``[a-z0-9][a-z0-9-]{0,62}``.
 
-    GET  /v1/info                    {"agent_version", "hostname", "telemetry_source", "detail"}
+    GET  /v1/info                    {"agent_version", "hostname", "telemetry_source", "detail",
+                                     "libraries": {package: version}} (vllm, sglang, torch,
+                                     transformers, triton, flashinfer-python, nvidia-nccl-cu12
+                                     as installed for the agent's interpreter; absent ones
+                                     left out)
     GET  /v1/inventory               the shape of hosts.transport.base.Transport.inventory()
     GET  /v1/telemetry               the shape of Transport.telemetry()
     GET  /v1/engines                 {"engines": {name: status}}

@@ -6,12 +6,24 @@ from __future__ import annotations
 import os
 import re
 import socket
+from importlib import metadata
 from pathlib import Path
 
 import psutil
 
 SYS_NODES = Path("/sys/devices/system/node")
 CPUINFO = Path("/proc/cpuinfo")
+# The Python packages whose versions change what an engine measures: the engines, the
+# framework, the kernels and the collectives. Distribution names, as pip knows them.
+LIBRARIES = (
+    "vllm",
+    "sglang",
+    "torch",
+    "transformers",
+    "triton",
+    "flashinfer-python",
+    "nvidia-nccl-cu12",
+)
 
 
 def format_cpu_list(cpus) -> str:
@@ -106,3 +118,17 @@ def process_affinity(pid: int | None) -> list[int] | None:
     except (psutil.Error, AttributeError, OSError):
         # AttributeError: platforms without cpu_affinity (macOS).
         return None
+
+
+def library_versions(names=LIBRARIES) -> dict[str, str]:
+    """``{name: version}`` of the packages installed for this interpreter (absent ones left
+    out). Only this interpreter's environment is seen: an engine run from another
+    virtualenv reports its own versions (vLLM's /version) but not these. A few ms: the
+    installed packages' metadata is read afresh each call, so an upgrade shows at once."""
+    found = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found

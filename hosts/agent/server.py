@@ -28,7 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 import psutil
 
 from hosts.agent import AGENT_VERSION, DEFAULT_PORT
-from hosts.agent.host import host_identity, host_readings, process_affinity
+from hosts.agent.host import host_identity, host_readings, library_versions, process_affinity
 from hosts.agent.nvml import NvmlReader
 from hosts.agent.policy import ENGINE_NAME, ExecPolicy
 from hosts.agent.simulated import SimulatedGpus, parse_simulate
@@ -121,6 +121,7 @@ class Agent:
             "hostname": socket.gethostname(),
             "telemetry_source": self.source,
             "detail": self.note(),
+            "libraries": library_versions(),
         }
 
     def inventory(self) -> dict:

@@ -120,6 +120,7 @@ class AgentTransport(Transport):
             "kind": "agent",
             "hostname": payload.get("hostname", ""),
             "agent_version": payload.get("agent_version"),
+            "libraries": payload.get("libraries") or {},  # {} from an older agent
             "telemetry_source": payload.get("telemetry_source", "none"),
             "detail": payload.get("detail", ""),
         }

@@ -114,6 +114,7 @@ class Transport(ABC):
     def info(self) -> dict:
         """Cheap identity check for "test connection":
         ``{"kind": "agent"|"ssh", "hostname": str, "agent_version": str|None,
+        "libraries": {package: version} (vllm, torch, … in the host's Python; {} unknown),
         "telemetry_source": "nvml"|"nvidia-smi"|"simulator"|"none", "detail": str}``."""
 
     @abstractmethod

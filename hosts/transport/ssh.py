@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 
 import paramiko
 
+from hosts.agent.host import LIBRARIES
 from hosts.engines.launch import (
     LaunchConfig,
     LaunchError,
@@ -179,6 +180,17 @@ class Result:
         return (self.err or self.out).strip()
 
 
+def _libraries(text: str) -> dict[str, str]:
+    """LIBRARIES_PY's output; {} when the host's python is missing or printed anything else."""
+    try:
+        found = json.loads(text.strip() or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    return {str(k): str(v) for k, v in found.items()}
+
+
 def _sections(text: str, marker: str) -> list[tuple[str, str]]:
     """Output printed as ``<marker> name`` lines each followed by its body → [(name, body)].
     The marker is random per call, so no file content can forge a section."""
@@ -297,6 +309,23 @@ done
 
 # Readiness probe for servers that refuse TCP forwarding: the same GET from the host itself.
 # Proxies are switched off: the engine is on the host's own loopback.
+# Versions of the engines' Python packages in the host's interpreter (the agent's
+# /v1/info "libraries"); prints {} where importlib.metadata is missing (Python < 3.8).
+LIBRARIES_PY = """\
+import json, sys
+try:
+    from importlib import metadata
+except ImportError:
+    metadata = None
+found = {}
+for name in sys.argv[1:] if metadata else ():
+    try:
+        found[name] = metadata.version(name)
+    except Exception:
+        pass
+sys.stdout.write(json.dumps(found))
+"""
+
 HTTP_GET_PY = """\
 import sys, urllib.error, urllib.request
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -955,10 +984,20 @@ class SshTransport(Transport):
         ssh = self._connection()
         marker = "@@" + secrets.token_hex(8)
         script = (
-            'm=$1; smi=$2; r=$3; one=\necho "$m hostname"; cat /proc/sys/kernel/hostname\n'
-            'echo "$m smi"; command -v "$smi" || true\n' + _ENGINE_FILES
+            'm=$1; smi=$2; r=$3; py=$4; code=$5; shift 5; one=\necho "$m hostname"; '
+            'cat /proc/sys/kernel/hostname\necho "$m smi"; command -v "$smi" || true\n'
+            'echo "$m libraries"; "$py" -c "$code" "$@" 2>/dev/null; echo\n' + _ENGINE_FILES
         )
-        result = self._exec(sh(script, marker, self.nvidia_smi, self.remote_dir()), what="info")
+        command = sh(
+            script,
+            marker,
+            self.nvidia_smi,
+            self.remote_dir(),
+            self.python,
+            LIBRARIES_PY,
+            *LIBRARIES,
+        )
+        result = self._exec(command, what="info")
         sections = _sections(result.out, marker)
         values = dict(sections)
         engines = _parse_engine_files(sections)
@@ -974,6 +1013,7 @@ class SshTransport(Transport):
             "kind": "ssh",
             "hostname": values.get("hostname", "").strip(),
             "agent_version": None,
+            "libraries": _libraries(values.get("libraries", "")),
             "telemetry_source": source,
             "detail": (
                 f"{ssh.remote_version} as {self.username}, host key {key_type} {fingerprint}, "

@@ -493,3 +493,213 @@ def test_admin_may_do_everything(client, admin, price):
         assert client.get(url).status_code == 200, name
     page = client.get(urls(price)["list"]).content.decode()
     assert urls(price)["edit"] in page and urls(price)["delete"] in page
+
+
+# --- a run priced as other instance types ---------------------------------------------------
+
+
+def instance_types():
+    """Two runs on one H100 each, and a price list. "fast": 2.50/h host, 10 req/s, 1280 tok/s,
+    p95 TTFT 300 ms. "busy": 4.00/h host, 20 req/s, p95 TTFT 700 ms."""
+    fast = make_finished_run(
+        make_deployment(make_host(name="own-box", hourly_price=Decimal("2.50"))), label="fast"
+    )
+    busy = make_finished_run(
+        make_deployment(make_host(name="slow-box", hourly_price=Decimal("4.00"))),
+        label="busy",
+        ttft_p95_ms=700.0,
+        request_throughput=20.0,
+    )
+    prices = {
+        "small": Price.objects.create(
+            name="h100.small", hourly_price=Decimal("1.80"), gpu_model="H100", gpu_count=1
+        ),
+        "big": Price.objects.create(
+            name="p5.48xlarge", hourly_price=Decimal("98.32"), gpu_model="H100", gpu_count=8
+        ),
+        "a100": Price.objects.create(
+            name="a100.small", hourly_price=Decimal("1.00"), gpu_model="A100", gpu_count=1
+        ),
+        "spot": Price.objects.create(
+            name="h100.small",
+            pricing="spot",
+            hourly_price=Decimal("0.90"),
+            gpu_model="H100",
+            gpu_count=1,
+        ),
+        "euro": Price.objects.create(
+            name="h100.eu",
+            hourly_price=Decimal("1.50"),
+            currency="EUR",
+            gpu_model="NVIDIA H100 80GB HBM3",
+            gpu_count=1,
+        ),
+        "bare": Price.objects.create(name="no-gpus-said", hourly_price=Decimal("0.10")),
+    }
+    return fast, busy, prices
+
+
+def rows_by_key(response):
+    return {row["key"]: row for row in response.context["report"].rows}
+
+
+def test_every_price_for_the_same_gpus_names_the_cheapest_combination(client, viewer):
+    fast, busy, p = instance_types()
+    small = p["small"].pk
+    response = cost_page(client, viewer, price_as="matching", slo_ttft_p95_ms="500")
+    rows = rows_by_key(response)
+    # Each run at its host's price, at the 1 × H100 type, and at the EUR one (not ranked);
+    # not at 8 × H100, A100, spot (another pricing) or a price that names no GPUs.
+    assert set(rows) == {
+        f"{run.pk}-{key}" for run in (fast, busy) for key in ("host", small, p["euro"].pk)
+    }
+    # fast: 2.50 / (10 × 3600) and 1.80 / 36,000; busy: 4.00 / (20 × 3600), 1.80 / 72,000.
+    assert rows[f"{fast.pk}-host"]["cost"].per_request == pytest.approx(6.944444444444444e-05)
+    assert rows[f"{fast.pk}-{small}"]["cost"].per_request == pytest.approx(5e-05)
+    assert rows[f"{busy.pk}-host"]["cost"].per_request == pytest.approx(5.555555555555556e-05)
+    assert rows[f"{busy.pk}-{small}"]["cost"].per_request == pytest.approx(2.5e-05)
+    # 1.80 / (1280 × 3600) × 1e6
+    assert rows[f"{fast.pk}-{small}"]["cost"].per_million_output == pytest.approx(0.390625)
+    report = response.context["report"]
+    best = report.cheapest  # busy at 1.80 is cheaper still, but misses the 500 ms SLO
+    assert best["key"] == f"{fast.pk}-{small}" and best["source"] == "h100.small (On-demand)"
+    assert best["label"] == f"#{fast.pk} fast @ h100.small (On-demand)"
+    assert {row["key"] for row in report.left_out} == {
+        f"{fast.pk}-{p['euro'].pk}",
+        f"{busy.pk}-{p['euro'].pk}",
+    }
+    page = response.content.decode()
+    callout = page.split('data-testid="cheapest"')[1].split("</div>")[0]
+    assert f"#{fast.pk} fast @ h100.small (On-demand)" in callout
+    assert "priced at 1.80 USD/h (h100.small (On-demand))" in callout
+    assert "at 0.00005 USD per successful request" in callout
+    assert f'class="cheapest" data-run="{fast.pk}" data-price="{small}"' in page
+    # The formulas are the cheapest combination's, with its price.
+    assert report.focus["key"] == f"{fast.pk}-{small}"
+    assert "1.80 USD ÷ (10 × 3,600 × 1) = 1.80 USD ÷ 36,000 = 0.00005 USD" in page
+    assert "1.80 USD ÷ 4,608,000 × 1,000,000 = 0.390625 USD" in page
+    assert f"focus={busy.pk}-host#formulas" in page
+    # Charts: one bar and one point per USD combination, cheapest bar first.
+    bars = report.bars["data"][0]
+    assert bars["x"] == [
+        f"#{busy.pk} busy @ h100.small (On-demand)",
+        f"#{fast.pk} fast @ h100.small (On-demand)",
+        f"#{busy.pk} busy @ slow-box",
+        f"#{fast.pk} fast @ own-box",
+    ]
+    assert bars["y"] == [
+        pytest.approx(2.5e-05),
+        pytest.approx(5e-05),
+        pytest.approx(5.555555555555556e-05),
+        pytest.approx(6.944444444444444e-05),
+    ]
+    traces = {trace["name"]: trace for trace in report.scatter["data"]}
+    assert traces["cheapest meeting the SLO"]["y"] == [pytest.approx(0.390625)]
+    assert sum(len(trace["x"]) for trace in report.scatter["data"]) == 4
+    # A looser SLO lets the busier config on the cheap type win.
+    report = cost_page(client, viewer, price_as="matching", slo_ttft_p95_ms="800").context["report"]
+    assert report.cheapest["key"] == f"{busy.pk}-{small}"
+    # The focus link of another row works the formulas out for it.
+    page = cost_page(
+        client, viewer, price_as="matching", focus=f"{busy.pk}-{small}"
+    ).content.decode()
+    assert "1.80 USD ÷ (20 × 3,600 × 1) = 1.80 USD ÷ 72,000 = 0.000025 USD" in page
+
+
+def test_same_gpus_under_the_chosen_pricing_and_the_hosts_own_type_once(client, viewer):
+    fast, busy, p = instance_types()
+    # Spot: the spot type (0.90 / 36,000); the host has no spot price: its own, said so.
+    rows = rows_by_key(cost_page(client, viewer, price_as="matching", pricing="spot"))
+    assert set(rows) == {
+        f"{run.pk}-{key}" for run in (fast, busy) for key in ("host", p["spot"].pk)
+    }
+    assert rows[f"{fast.pk}-{p['spot'].pk}"]["cost"].per_request == pytest.approx(2.5e-05)
+    assert "no spot / preemptible price listed" in rows[f"{fast.pk}-host"]["source"]
+    # A host that is the 1 × H100 type is priced as it once, not as itself and again.
+    p["small"].hosts.add(fast.deployment.host)
+    rows = rows_by_key(cost_page(client, viewer, price_as="matching"))
+    fast_rows = {key: row for key, row in rows.items() if row["run"] == fast}
+    assert set(fast_rows) == {f"{fast.pk}-host", f"{fast.pk}-{p['euro'].pk}"}
+    assert fast_rows[f"{fast.pk}-host"]["price"] == Decimal("1.8000")
+    assert f"{busy.pk}-{p['small'].pk}" in rows
+
+
+def test_chosen_prices_price_every_run_and_say_when_the_gpus_differ(client, viewer):
+    fast, busy, p = instance_types()
+    response = cost_page(
+        client, viewer, prices=[p["big"].pk, p["a100"].pk], slo_ttft_p95_ms="500"
+    )  # no price_as: chosen prices mean "each chosen price"
+    report = response.context["report"]
+    assert report.price_as == "chosen"
+    rows = rows_by_key(response)
+    assert set(rows) == {
+        f"{run.pk}-{price.pk}" for run in (fast, busy) for price in (p["big"], p["a100"])
+    }
+    # 98.32 / 36,000 and 1.00 / 36,000 for fast; 1.00 / 72,000 for busy (misses the SLO).
+    assert rows[f"{fast.pk}-{p['big'].pk}"]["cost"].per_request == pytest.approx(
+        0.0027311111111111113
+    )
+    assert rows[f"{fast.pk}-{p['a100'].pk}"]["cost"].per_request == pytest.approx(
+        2.777777777777778e-05
+    )
+    assert rows[f"{busy.pk}-{p['a100'].pk}"]["cost"].per_request == pytest.approx(
+        1.388888888888889e-05
+    )
+    assert report.cheapest["key"] == f"{fast.pk}-{p['a100'].pk}"
+    note = rows[f"{fast.pk}-{p['a100'].pk}"]["gpu_note"]
+    assert note.startswith("measured on 1 × NVIDIA H100 80GB HBM3; this price is for 1 × A100")
+    assert "8 × H100" in rows[f"{fast.pk}-{p['big'].pk}"]["gpu_note"]
+    page = response.content.decode()
+    assert page.count('data-testid="gpu-note"') == 4
+    assert "each run at each chosen price" in page
+    # A chosen type with the run's GPUs needs no warning.
+    rows = rows_by_key(cost_page(client, viewer, prices=[p["small"].pk]))
+    assert rows[f"{fast.pk}-{p['small'].pk}"]["gpu_note"] == ""
+    # "Each chosen price" without one is a form error; a focus naming no row is ignored.
+    response = cost_page(client, viewer, price_as="chosen")
+    assert response.context["report"] is None
+    assert "Choose at least one price" in response.content.decode()
+    report = cost_page(client, viewer, price_as="matching", focus="x; drop").context["report"]
+    assert report.focus["key"] == report.cheapest["key"]
+
+
+def test_the_hosts_own_price_stays_the_default(client, viewer):
+    fast, busy, _ = instance_types()
+    report = cost_page(client, viewer).context["report"]
+    assert report.price_as == "host"
+    assert [row["key"] for row in report.rows] == [f"{busy.pk}-host", f"{fast.pk}-host"]
+    assert [row["label"] for row in report.rows] == [f"#{busy.pk} busy", f"#{fast.pk} fast"]
+
+
+def test_matching_prices_cost_no_query_per_run(client, viewer):
+    instance_types()
+    client.force_login(viewer)
+    with CaptureQueriesContext(connection) as few:
+        client.get(reverse("cost"), {"price_as": "matching"})
+    for _ in range(5):
+        make_finished_run(make_deployment(make_host()), engine_config=None)
+    with CaptureQueriesContext(connection) as many:
+        response = client.get(reverse("cost"), {"price_as": "matching"})
+    assert len(many) == len(few)
+    assert len(response.context["report"].rows) == 7 * 3
+
+
+@pytest.mark.parametrize(
+    "price_model, price_count, run_model, run_count, same",
+    [
+        ("H100", 1, "NVIDIA H100 80GB HBM3", 1, True),
+        ("h100 80gb", 1, "NVIDIA H100 80GB HBM3", 1, True),
+        ("NVIDIA H100 80GB HBM3", 1, "NVIDIA H100 80GB HBM3", 1, True),
+        ("A100", 1, "NVIDIA A100-SXM4-80GB", 1, True),
+        ("A100-SXM4-40GB", 1, "NVIDIA A100-SXM4-80GB", 1, False),
+        ("H10", 1, "NVIDIA H100 80GB HBM3", 1, False),  # whole words only
+        ("H100", 8, "NVIDIA H100 80GB HBM3", 1, False),
+        ("H100", 2, "NVIDIA A100, NVIDIA H100 80GB HBM3", 2, False),  # mixed: no one type
+        ("H100", None, "NVIDIA H100 80GB HBM3", 1, False),
+        ("", 1, "NVIDIA H100 80GB HBM3", 1, False),
+        ("H100", 1, "", None, False),
+    ],
+)
+def test_same_gpus(price_model, price_count, run_model, run_count, same):
+    price = Price(name="t", hourly_price=Decimal("1"), gpu_model=price_model, gpu_count=price_count)
+    assert services.same_gpus(price, run_model, run_count) is same

@@ -563,3 +563,28 @@ def test_import_service_refuses_a_config_of_another_deployment_and_links_no_new_
     assert set(history.BenchmarkRun.objects.values_list("load_profile", flat=True)) - profiles == {
         None
     }
+
+
+def test_gpu_filter_finds_runs_on_hosts_with_mixed_gpus(client, viewer):
+    h100 = "NVIDIA H100 80GB HBM3"
+    a100, a100_80 = "NVIDIA A100", "NVIDIA A100-SXM4-80GB"
+    only_h100 = make_finished_run(gpu_model=h100)
+    mixed = make_finished_run(gpu_model=f"{a100}, {h100}")  # sorted names, as runs record them
+    three = make_finished_run(gpu_model=f"{a100}, {h100}, NVIDIA L40S")
+    only_a100_80 = make_finished_run(gpu_model=a100_80)
+    a100_80_and_l4 = make_finished_run(gpu_model=f"{a100_80}, NVIDIA L4")
+    client.force_login(viewer)
+
+    def get(gpu):
+        return set(listed(client.get(LIST, {"gpu": gpu})))
+
+    assert get(h100) == {only_h100.pk, mixed.pk, three.pk}
+    assert get(h100.lower()) == {only_h100.pk, mixed.pk, three.pk}
+    # A name is a whole item of the list, never the start of a longer one.
+    assert get(a100) == {mixed.pk, three.pk}
+    assert get(a100_80) == {only_a100_80.pk, a100_80_and_l4.pk}
+    assert get("NVIDIA L4") == {a100_80_and_l4.pk}
+    assert get("NVIDIA L40S") == {three.pk}
+    assert get("H100") == set()
+    # The whole recorded value still finds its run, as before.
+    assert mixed.pk in get(f"{a100}, {h100}")

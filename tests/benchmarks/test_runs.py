@@ -317,3 +317,123 @@ def test_a_profile_that_cannot_run_is_refused_with_the_reason():
     with pytest.raises(services.RunRefused, match="unknown field"):
         start(make_deployment(), broken)
     assert not BenchmarkRun.objects.exists()
+
+
+# --- runs whose worker is gone ------------------------------------------------------------------
+
+
+@pytest.fixture
+def published(monkeypatch):
+    sent = []
+    monkeypatch.setattr(
+        services, "publish", lambda group, event, data: sent.append((group, event, data))
+    )
+    return sent
+
+
+@pytest.mark.django_db
+def test_a_running_run_that_stopped_writing_points_is_failed(settings, published):
+    settings.BENCHMARK_STALE_SECONDS = 300
+    settings.BENCHMARK_READY_TIMEOUT = 60
+    now = timezone.now()
+    # Grace 300 s + readiness 60 s + setup 60 s = 420 s after started_at + t of the last point.
+    gone = make_run(status="running", started_at=now - timedelta(hours=1))
+    RunPoint.objects.create(run=gone, t=3000.0, data={"t": 3000.0})  # 600 s ago
+    alive = make_run(status="running", started_at=now - timedelta(hours=1))
+    RunPoint.objects.create(run=alive, t=3300.0, data={"t": 3300.0})  # 300 s ago: within
+    never = make_run(status="running", started_at=now - timedelta(seconds=421))
+    waiting = make_run(status="running", started_at=now - timedelta(seconds=419))
+
+    failed = services.fail_stale_runs(now=now)
+
+    assert {run.pk for run in failed} == {gone.pk, never.pk}
+    for run in (gone, never, alive, waiting):
+        run.refresh_from_db()
+    assert gone.status == "failed" and "no word from its worker for over 300 s" in gone.error
+    assert "its last point was at 3000 s" in gone.error and gone.error in gone.log
+    assert never.status == "failed" and "it wrote no point" in never.error
+    assert alive.status == "running" and waiting.status == "running"
+    statuses = [data for group, event, data in published if event == "run.status"]
+    assert {(d["id"], d["status"], d["finished"]) for d in statuses} == {
+        (gone.pk, "failed", True),
+        (never.pk, "failed", True),
+    }
+    assert all(d["error"] for d in statuses)
+
+
+@pytest.mark.django_db
+def test_a_queued_run_no_worker_took_within_its_time_limit_is_failed(settings, published):
+    settings.BENCHMARK_MAX_SECONDS = 3600
+    now = timezone.now()
+    # 100 requests at 2 req/s: 50 s planned, so a time limit of 50 × 3 + 300 = 450 s.
+    bounded = make_profile(spec={"stages": [{"name": "m", "request_rate": 2, "num_requests": 100}]})
+    lost = make_run(load_profile=bounded, created_at=now - timedelta(seconds=451))
+    recent = make_run(load_profile=bounded, created_at=now - timedelta(seconds=449))
+    unbounded = make_run(created_at=now - timedelta(seconds=3000))  # closed loop: the cap
+
+    failed = services.fail_stale_runs(now=now)
+
+    assert [run.pk for run in failed] == [lost.pk]
+    lost.refresh_from_db()
+    assert lost.status == "failed"
+    assert lost.error == "no worker started it within its time limit (450 s); it was never run"
+    assert published[-1][1] == "run.status" and published[-1][2]["status"] == "failed"
+    for run in (recent, unbounded):
+        run.refresh_from_db()
+        assert run.status == "queued"
+    tasks.run_benchmark(lost.pk)  # a late delivery finds it closed and does nothing
+    lost.refresh_from_db()
+    assert lost.status == "failed"
+
+
+@pytest.mark.django_db
+def test_the_sweep_is_a_task_beat_runs_every_minute(settings):
+    from controlpanel.celery import app
+
+    settings.BENCHMARK_STALE_SECONDS = 300
+    make_run(status="running", started_at=timezone.now() - timedelta(hours=2))
+    make_run(status="succeeded", started_at=timezone.now() - timedelta(hours=2))
+    assert tasks.fail_stale_runs() == 1
+    assert tasks.fail_stale_runs() == 0
+    entry = app.conf.beat_schedule["fail-stale-benchmarks"]
+    assert entry["task"] == "benchmarks.tasks.fail_stale_runs" and entry["schedule"] == 60.0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_whose_run_was_swept_stops_and_keeps_the_verdict(sim_server):  # noqa: F811
+    server = sim_server("vllm", "--gpu", "h100-sxm", "--time-scale", "0.2")
+    deployment = engine(server)
+    long = dict(SMALL, stages=[{"name": "main", "concurrency": 4, "num_requests": 100000}])
+    run = start(deployment, make_profile(spec=long))
+    outcome = []
+    worker = threading.Thread(
+        target=lambda: outcome.append(
+            services.execute_run(BenchmarkRun.objects.get(pk=run.pk)).status
+        )
+    )
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not RunPoint.objects.filter(run=run, data__completed__gte=1).exists():
+        assert time.monotonic() < deadline, "no progress point arrived"
+        time.sleep(0.2)
+    services.fail_run(run, "swept")  # what the sweep does to a run it believes lost
+    worker.join(timeout=30)
+    assert not worker.is_alive() and outcome == ["failed"]
+    run.refresh_from_db()
+    assert run.status == "failed" and run.error == "swept" and run.completed is None
+
+
+@pytest.mark.django_db
+def test_the_run_record_names_the_hosts_library_versions():
+    libraries = {"vllm": "0.11.0", "torch": "2.8.0+cu128", "nvidia-nccl-cu12": "2.27.3"}
+    host = make_host(libraries=libraries, driver_version="570.124.06", cuda_version="12.8")
+    make_gpu(host)
+    deployment = make_deployment(host)
+    run = start(deployment, make_profile(spec=SMALL))
+    spec = build_spec(run.load_profile.spec, deployment.engine_url, deployment.model)
+    env = services.environment(run, spec)
+    assert env["host"]["libraries"] == libraries
+    assert (env["host"]["driver_version"], env["host"]["cuda_version"]) == ("570.124.06", "12.8")
+    # A host that reported none (an SSH host without python, an older agent): recorded empty.
+    bare = start(make_deployment(), make_profile(spec=SMALL))
+    assert services.environment(bare, spec)["host"]["libraries"] == {}

@@ -30,7 +30,13 @@ def test_token_auth(start_agent):
     with agent.client() as client:
         info = client.get("/v1/info")
         assert info.status_code == 200
-        assert set(info.json()) == {"agent_version", "hostname", "telemetry_source", "detail"}
+        assert set(info.json()) == {
+            "agent_version",
+            "hostname",
+            "telemetry_source",
+            "detail",
+            "libraries",
+        }
         assert client.get("/v1/nothing").status_code == 404
         assert client.post("/v1/info").status_code == 405
         assert client.get("/v1/engines/unknown").status_code == 404

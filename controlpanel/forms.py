@@ -1,0 +1,66 @@
+"""Forms of the controlpanel app: the audit log's filters."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib.contenttypes.models import ContentType
+
+from controlpanel.models import AuditEntry
+
+ANY = [("", "any")]
+# The choice value for entries without a user (scheduler, worker): their actor_name is "".
+SYSTEM = "system"
+
+
+class AuditFilterForm(forms.Form):
+    """Filters of the audit log and its exports (all optional, combinable). Choices come
+    from what the log holds, so every option finds something."""
+
+    action = forms.CharField(
+        required=False,
+        max_length=64,
+        label="Action starts with",
+        widget=forms.TextInput(attrs={"placeholder": "host."}),
+    )
+    actor = forms.ChoiceField(required=False, label="Who")
+    object_type = forms.ChoiceField(required=False, label="Object type")
+    object_id = forms.CharField(required=False, max_length=64, label="Object id")
+    q = forms.CharField(required=False, max_length=200, label="Object contains")
+    date_from = forms.DateField(
+        required=False, label="From", widget=forms.DateInput(attrs={"type": "date"})
+    )
+    date_to = forms.DateField(
+        required=False, label="To", widget=forms.DateInput(attrs={"type": "date"})
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        names = (
+            AuditEntry.objects.exclude(actor_name="")
+            .order_by("actor_name")
+            .values_list("actor_name", flat=True)
+            .distinct()
+        )
+        self.fields["actor"].choices = ANY + [(SYSTEM, "system")] + [(n, n) for n in names]
+        types = ContentType.objects.filter(
+            pk__in=AuditEntry.objects.order_by().values("content_type").distinct()
+        ).order_by("app_label", "model")
+        self.fields["object_type"].choices = ANY + [
+            (f"{ct.app_label}.{ct.model}", f"{ct.name} ({ct.app_label})") for ct in types
+        ]
+
+    def clean_actor(self) -> str | None:
+        """None: anyone; "": the system; otherwise a username."""
+        actor = self.cleaned_data.get("actor")
+        if not actor:
+            return None
+        return "" if actor == SYSTEM else actor
+
+    def clean(self):
+        data = super().clean()
+        if data.get("object_id") and not data.get("object_type"):
+            self.add_error("object_id", "Choose the object type too: ids repeat across types.")
+        start, end = data.get("date_from"), data.get("date_to")
+        if start and end and end < start:
+            self.add_error("date_to", "The end date is before the start date.")
+        return data

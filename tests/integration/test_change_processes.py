@@ -1,0 +1,132 @@
+"""A change on the production processes: approved in this process, its apply pipeline sent
+through Redis to the compose worker (PostgreSQL), which snapshots, applies through a real host
+agent supervising the simulator, verifies under a benchmark and publishes every timeline entry
+to the change's group on the Redis channel layer."""
+
+from __future__ import annotations
+
+import asyncio
+from unittest import mock
+
+import pytest
+from celery import Celery
+from channels.layers import get_channel_layer
+
+from changes import services
+from changes.models import ChangeRequest
+from hosts import services as host_services
+from hosts.models import EngineConfig, EngineOperation
+from tests.factories import make_host, make_profile, make_sim_deployment
+from tests.hosts.agent.conftest import AgentProcess
+from tests.integration.processes import compose_command
+from tests.integration.test_fleet_processes import shared_key  # noqa: F401
+from tests.integration.test_production_processes import production_env, start  # noqa: F401
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+PROFILE = {
+    "stages": [{"name": "main", "concurrency": 8, "num_requests": 40}],
+    "input_len": {"kind": "fixed", "mean": 256},
+    "output_len": {"kind": "fixed", "mean": 32},
+    "warmup_requests": 4,
+}
+
+
+def test_worker_applies_and_verifies_a_change_streaming_its_timeline(
+    production_env,  # noqa: F811
+    start,  # noqa: F811
+    shared_key,  # noqa: F811
+    tmp_path,
+    settings,
+    postgres,
+    operator,
+    approver,
+):
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [production_env["REDIS_URL"]]},
+        }
+    }
+    (tmp_path / "agent-home").mkdir()
+    agent = AgentProcess(tmp_path / "agent-home", "--simulate", "h100-sxm:1").start()
+    try:
+        host = make_host(name="change-agent", port=agent.port, agent_token=agent.token)
+        deployment = make_sim_deployment(
+            host, simulator={"gpu": "h100-sxm", "startup_seconds": 0.3, "time_scale": 0.2}
+        )
+        good = EngineConfig.objects.create_next(deployment, {"max_model_len": 8192})
+        op = EngineOperation.objects.create(deployment=deployment, kind="apply", config=good)
+        host_services.run_operation(EngineOperation.objects.get(pk=op.pk))
+        deployment.refresh_from_db()
+        assert deployment.active_config == good
+
+        change = services.propose_change(
+            operator,
+            deployment,
+            title="Prefix caching on",
+            rationale="shared system prompts",
+            settings={"max_model_len": 8192, "enable_prefix_caching": True},
+            verify_profile=make_profile(spec=PROFILE),
+        )
+        services.approve_change(approver, change)
+        worker = start("worker", compose_command("worker"), production_env)
+        worker.wait_for_output("ready.", timeout=60)
+        events = asyncio.run(stream(operator, change, worker, production_env["REDIS_URL"]))
+    finally:
+        agent.stop()
+
+    change.refresh_from_db()
+    assert change.state == "applied", (change.outcome, worker.output()[-3000:])
+    deployment.refresh_from_db()
+    assert deployment.active_config == change.applied_config
+    assert change.applied_config.settings["enable_prefix_caching"] is True
+    assert change.verification_run.status == "succeeded"
+    assert change.baseline_run.engine_config == good
+    # The page saw every stage live, in order, then the final state.
+    stages = [
+        (e["data"]["after"]["stage"], e["data"]["after"]["status"])
+        for e in events
+        if e["type"] == "change.event" and e["data"]["action"] == "stage"
+    ]
+    assert stages[0] == ("snapshot", "started") and stages[-1] == ("done", "succeeded")
+    assert ("verify", "succeeded") in stages and ("compare", "succeeded") in stages
+    states = [e["data"]["state"] for e in events if e["type"] == "change.state"]
+    assert states == ["applying", "verifying", "applied"]
+    assert ChangeRequest.objects.get(pk=change.pk).pipeline_owner == ""
+
+
+async def stream(operator, change, worker, redis_url) -> list[dict]:
+    """Listen on the change's group (as its page would) while the worker applies it."""
+    from asgiref.sync import sync_to_async
+
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(f"change-{change.pk}", channel)
+    # The service enqueues once its transaction commits; the message goes to Redis (this
+    # process's own Celery app stays on its in-memory broker), with the limits it chose.
+    broker = Celery(broker=redis_url, set_as_current=False)
+    with mock.patch(
+        "changes.tasks.apply_change.apply_async",
+        side_effect=lambda args, **kw: broker.send_task(
+            "changes.tasks.apply_change", args=args, **kw
+        ),
+    ) as sent:
+        await sync_to_async(services.apply_change)(operator, change)
+    assert sent.call_args.kwargs["time_limit"] > sent.call_args.kwargs["soft_time_limit"]
+    events = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 180
+    while loop.time() < deadline:
+        try:
+            message = await asyncio.wait_for(layer.receive(channel), timeout=5)
+        except TimeoutError:
+            continue
+        events.append(message)
+        if message["type"] == "change.state" and message["data"]["state"] in (
+            "applied",
+            "rolled_back",
+            "failed",
+        ):
+            return events
+    raise AssertionError("the change never finished:\n" + worker.output()[-3000:])
