@@ -1,11 +1,14 @@
 // The run page's live charts. The server embeds the points stored so far; each "run.point"
 // event from the run's socket (one a second) extends every chart in place (no redraw), and
 // whenever the socket (re)opens the points missed meanwhile are fetched from the stored
-// timeline, so a dropped connection leaves no gap. Several browsers can watch one run: each
-// has its own socket on the run's group.
+// timeline, so a dropped connection leaves no gap. Points are merged by their t: a live point
+// that beats the backfill's reply does not make the missed seconds look "already drawn". The
+// backfill's reply also carries the run's status, so a run that ended while the socket was
+// down shows as ended. Several browsers can watch one run: each has its own socket.
 (function () {
   "use strict";
   const MAX_SCATTER = 20000; // per-request TTFT markers kept on screen
+  const MAX_LINE = 100000; // points kept per line (a 3-hour run is 10,800 of them)
 
   function mean(values) {
     const known = values.filter(function (v) { return v !== null && v !== undefined; });
@@ -91,6 +94,17 @@
     return { x: xs, y: ys };
   }
 
+  // Two series sorted by x merged into one (the line traces: one x per point, its t).
+  function mergeSorted(x1, y1, x2, y2) {
+    const x = [], y = [];
+    let i = 0, j = 0;
+    while (i < x1.length || j < x2.length) {
+      if (j >= x2.length || (i < x1.length && x1[i] <= x2[j])) { x.push(x1[i]); y.push(y1[i]); i++; }
+      else { x.push(x2[j]); y.push(y2[j]); j++; }
+    }
+    return { x: x, y: y };
+  }
+
   function fmtSeconds(s) {
     if (s === null || s === undefined) return "";
     s = Math.round(s);
@@ -102,8 +116,8 @@
     const root = document.querySelector("[data-run]");
     if (!root || !window.Plotly) return;
     const initial = JSON.parse(document.getElementById("run-points").textContent);
+    const drawn = new Set(initial.map(function (p) { return p.t; })); // t of every point shown
     let last = initial.length ? initial[initial.length - 1].t : -1;
-    let count = initial.length;
     const elements = {};
 
     Object.entries(CHARTS).forEach(function ([key, chart]) {
@@ -123,36 +137,69 @@
         xaxis: { ticksuffix: " s" },
       }, chart.layout);
       window.Plotly.newPlot(el, traces, layout, { displayModeBar: false, responsive: true })
-        .then(function () { el.dataset.rendered = "true"; el.dataset.points = String(count); });
+        .then(function () { el.dataset.rendered = "true"; el.dataset.points = String(drawn.size); });
     });
 
     function extend(points) {
-      const fresh = points.filter(function (p) { return p.t > last; });
-      if (!fresh.length) return; // already drawn (a backfill racing a live event)
+      const fresh = [];
+      points.forEach(function (p) {
+        if (drawn.has(p.t)) return; // already drawn (a backfill racing a live event)
+        drawn.add(p.t);
+        fresh.push(p);
+      });
+      if (!fresh.length) return;
+      fresh.sort(function (a, b) { return a.t - b.t; });
+      // The ordinary case, every point newer than the charts: extend in place. Otherwise (a
+      // backfill whose seconds are older than a live point already drawn) each trace is
+      // rebuilt once from its merged series, still on the same plot.
+      const appending = fresh[0].t > last;
       Object.entries(CHARTS).forEach(function ([key, chart]) {
         const el = elements[key];
         if (!el) return;
         const data = columns(chart, fresh);
         const indices = chart.traces.map(function (_, i) { return i; });
-        const max = chart.traces.map(function (t) { return t.max || 100000; });
-        window.Plotly.extendTraces(el, data, indices, Math.max.apply(null, max));
+        const caps = chart.traces.map(function (t) { return t.max || MAX_LINE; });
+        if (appending) {
+          // Per-trace caps (plotly takes {attribute: [cap per trace]}): one call, one redraw.
+          window.Plotly.extendTraces(el, data, indices, { x: caps, y: caps });
+          return;
+        }
+        const merged = chart.traces.map(function (trace, i) {
+          const old = el.data[i];
+          // Markers need no order; lines do.
+          const m = trace.max ? { x: old.x.concat(data.x[i]), y: old.y.concat(data.y[i]) }
+            : mergeSorted(old.x, old.y, data.x[i], data.y[i]);
+          return { x: m.x.slice(-caps[i]), y: m.y.slice(-caps[i]) };
+        });
+        window.Plotly.restyle(el, {
+          x: merged.map(function (m) { return m.x; }), y: merged.map(function (m) { return m.y; }),
+        }, indices);
       });
-      last = fresh[fresh.length - 1].t;
-      count += fresh.length;
-      Object.values(elements).forEach(function (el) { el.dataset.points = String(count); });
-      progress(fresh[fresh.length - 1]);
+      Object.values(elements).forEach(function (el) { el.dataset.points = String(drawn.size); });
+      const newest = fresh[fresh.length - 1];
+      if (newest.t > last) {
+        last = newest.t;
+        progress(newest);
+      }
+    }
+
+    function known(v) { return v !== null && v !== undefined; }
+
+    function setProgress(fraction) {
+      const bar = root.querySelector("[data-progress]");
+      if (!known(fraction) || !bar) return;
+      const percent = Math.round(fraction * 100);
+      bar.style.width = percent + "%";
+      bar.parentElement.setAttribute("aria-valuenow", String(percent));
+      root.querySelector("[data-progress-text]").textContent = percent + " %";
     }
 
     function progress(point) {
-      const bar = root.querySelector("[data-progress]");
-      if (point.progress !== undefined && point.progress !== null && bar) {
-        const percent = Math.round(point.progress * 100);
-        bar.style.width = percent + "%";
-        bar.parentElement.setAttribute("aria-valuenow", String(percent));
-        root.querySelector("[data-progress-text]").textContent = percent + " %";
-      }
+      // A backfilled old point has only the charts' numbers: the line shows the newest whole one.
+      if (!known(point.completed)) return;
+      setProgress(point.progress);
       const eta = root.querySelector("[data-eta]");
-      if (eta) eta.textContent = point.eta_s !== null && point.eta_s !== undefined ? "about " + fmtSeconds(point.eta_s) + " left" : "";
+      if (eta) eta.textContent = known(point.eta_s) ? "about " + fmtSeconds(point.eta_s) + " left" : "";
       const now = root.querySelector("[data-now]");
       if (now) {
         now.textContent = fmtSeconds(point.t) + " in · " + point.completed + " done · " + point.failed +
@@ -178,24 +225,57 @@
       if (data.finished) {
         const eta = root.querySelector("[data-eta]");
         if (eta) eta.textContent = "";
-        const bar = root.querySelector("[data-progress]");
-        if (data.status === "succeeded" && bar) {
-          bar.style.width = "100%";
-          root.querySelector("[data-progress-text]").textContent = "100 %";
-        }
+        if (data.status === "succeeded") setProgress(1);
         const state = root.querySelector("[data-live-state]");
         if (state) state.textContent = "finished";
       }
     }
 
+    // The status as the backfill saw it: a change the socket missed is applied as the
+    // "run.status" event would have (badge, progress, and htmx re-fetching the fragments).
+    function caughtUp(data) {
+      const badge = root.querySelector("[data-run-status]");
+      const changed = !badge || badge.dataset.runStatus !== data.status;
+      const bar = root.querySelector("[data-progress]");
+      const shown = bar ? Number(bar.parentElement.getAttribute("aria-valuenow")) : 0;
+      if (known(data.progress) && Math.round(data.progress * 100) > shown) setProgress(data.progress);
+      if (!changed) return;
+      status(data);
+      root.querySelectorAll('[hx-trigger*="live:run.status"]').forEach(function (el) {
+        window.htmx.trigger(el, "live:run.status", data);
+      });
+    }
+
+    // Fetches the points after `since`, page by page, then applies the run's status.
+    function backfill(since, tries) {
+      fetch(root.dataset.timelineUrl + "?since=" + since, { credentials: "same-origin" })
+        .then(function (r) { return r.ok ? r.json() : null; }, function () {
+          // The server is unreachable for now: a few tries, then the next reconnect backfills.
+          if (tries < 3) setTimeout(function () { backfill(since, tries + 1); }, 2000);
+          return null;
+        })
+        .then(function (data) {
+          if (!data) return;
+          extend(data.points);
+          if (data.more && data.points.length) return backfill(data.points[data.points.length - 1].t, 0);
+          caughtUp(data);
+          window.__runLive.backfills += 1;
+        });
+    }
+
     const live = root.closest("[data-live-socket]") || (root.matches("[data-live-socket]") ? root : null);
+    // For the browser tests: the current socket, the way points reach the charts, and how
+    // many backfills have completed.
+    window.__runLive = {
+      get socket() { return live ? live.liveSocket : null; },
+      extend: extend,
+      maxScatter: MAX_SCATTER,
+      backfills: 0,
+    };
     if (!live) return;
     live.addEventListener("live:run.point", function (event) { extend([event.detail]); });
     live.addEventListener("live:run.status", function (event) { status(event.detail); });
-    live.addEventListener("live:open", function () {
-      fetch(root.dataset.timelineUrl + "?since=" + last, { credentials: "same-origin" })
-        .then(function (r) { return r.ok ? r.json() : null; })
-        .then(function (data) { if (data) extend(data.points); });
-    });
+    // `last` now, not when the reply comes: live points may arrive before it.
+    live.addEventListener("live:open", function () { backfill(last, 0); });
   });
 })();

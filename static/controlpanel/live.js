@@ -4,6 +4,15 @@
 (function () {
   "use strict";
 
+  // Events published while no socket was open (between the page's render and the first open,
+  // or during an outage) are lost: each fragment that follows live events is fetched again.
+  function refresh(root) {
+    root.querySelectorAll('[hx-trigger*="live:"]').forEach(function (el) {
+      const event = el.getAttribute("hx-trigger").match(/live:[^\s,]+/);
+      if (event) window.htmx.trigger(el, event[0], {});
+    });
+  }
+
   function connect(root) {
     const scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
     const url = scheme + window.location.host + root.dataset.liveSocket;
@@ -12,10 +21,12 @@
 
     function open() {
       const socket = new WebSocket(url);
+      root.liveSocket = socket; // the current one, for the page's own scripts and its tests
       socket.addEventListener("open", function () {
         retry = 1000;
         root.dataset.liveConnected = "true";
         if (state) state.textContent = "live";
+        refresh(root);
         // Pages that keep their own data (charts) backfill what they missed while closed.
         root.dispatchEvent(new CustomEvent("live:open"));
       });
