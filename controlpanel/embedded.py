@@ -33,7 +33,10 @@ class EmbeddedRuntime:
 
     def start(self, timeout: float = 30) -> None:
         # The default 1 s poll of the in-memory queue would add up to a second to every task.
-        self.app.conf.broker_transport_options = {"polling_interval": 0.05}
+        self.app.conf.broker_transport_options = {
+            **(self.app.conf.broker_transport_options or {}),
+            "polling_interval": 0.05,
+        }
         self.app.conf.broker_connection_retry_on_startup = True
         self.worker = self.app.WorkController(
             pool="threads",

@@ -61,8 +61,18 @@ def webhook():
     server.shutdown()
 
 
+@pytest.fixture
+def worker_sends():
+    """What the worker does with notify_change: send at once (no broker in unit tests)."""
+    with mock.patch(
+        "changes.tasks.notify_change.delay", side_effect=lambda pk, state: notify.send(pk, state)
+    ) as delay:
+        yield delay
+
+
 @pytest.mark.django_db
 def test_proposal_decision_and_result_are_notified(
+    worker_sends,
     operator,
     approver,
     admin,
@@ -103,6 +113,10 @@ def test_proposal_decision_and_result_are_notified(
     assert sorted(decided.to) == ["llm-ops@example.com", "otto@example.com"]
     assert "anna-approver rejected: measure ITL first" in decided.body
     assert len(received) == 2
+    assert [c.args for c in worker_sends.call_args_list] == [
+        (change.pk, "pending"),
+        (change.pk, "rejected"),
+    ]
     # What was sent is on the change's timeline.
     notes = AuditEntry.objects.filter(object_id=str(change.pk), action="change.notify")
     assert [n.after["event"] for n in notes.order_by("pk")] == ["pending", "rejected"]
