@@ -7,6 +7,8 @@ reviewer reads and the record an auditor exports are the same rows.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.conf import settings as conf
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -279,6 +281,41 @@ class ChangeRequest(models.Model):
         mine = self.proposed_flat()
         keys = sorted(set(base) | set(mine))
         return {k: (base.get(k), mine.get(k)) for k in keys if base.get(k) != mine.get(k)}
+
+    def pipeline_alive(self) -> bool:
+        """A worker stamped this change recently (CHANGE_HEARTBEAT_SECONDS, three missed
+        stamps allowed): its pipeline runs, so nobody else may resume it."""
+        beat = self.pipeline_heartbeat_at
+        stale = timedelta(seconds=conf.CHANGE_HEARTBEAT_SECONDS * 3)
+        return bool(beat and timezone.now() - beat < stale)
+
+    def allowed_actions(self, user) -> set[str]:
+        """What ``user`` may do with this change now, for the page's buttons; the services
+        check every rule again under a row lock when the action comes."""
+        state = self.state_choice
+        proposer = user.pk == self.proposed_by_id
+        admin = user.has_perm("changes.delete_changerequest")
+        operator = user.has_perm("changes.change_changerequest")
+        stale = self.is_stale()
+        out = set()
+        if user.has_perm("changes.add_changerequest"):
+            out.add("comment")
+        if state == S.DRAFT and (proposer or admin) and not stale:
+            out.add("submit")
+        if state == S.PENDING and not proposer and not stale:
+            if user.has_perm("changes.approve_changerequest"):
+                out |= {"approve", "reject"}
+        if self.in_review and (proposer or admin):
+            out.add("withdraw")
+        if stale and (proposer or operator):
+            out.add("rebase")
+        if state == S.APPROVED and operator and not stale:
+            out.add("apply")
+        if self.holds_lock and operator:
+            out.add("rollback")
+            if not self.pipeline_alive():
+                out.add("resume")
+        return out
 
     def in_window(self, now=None) -> bool:
         now = now or timezone.now()

@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 import uuid
-from datetime import timedelta
 
 import httpx
 from django.conf import settings as conf
@@ -611,8 +610,7 @@ def request_rollback(actor, change: ChangeRequest, reason: str) -> ChangeRequest
 
 
 def pipeline_alive(change: ChangeRequest) -> bool:
-    beat = change.pipeline_heartbeat_at
-    return bool(beat and timezone.now() - beat < timedelta(seconds=stale_after()))
+    return change.pipeline_alive()
 
 
 def stale_after() -> float:

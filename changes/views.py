@@ -1,29 +1,336 @@
-"""Pages of the changes app."""
+"""Pages of the changes app: the list with the deployments' locks, proposing a change (with a
+live preview), one change with its live timeline and actions, and a deployment's config
+history with rollback proposals. The rules live in ``changes.services``: a view checks access,
+calls one verb and says what happened."""
 
+from __future__ import annotations
+
+from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
-from django.shortcuts import render
+from django.core.paginator import Paginator
+from django.db.models import Count, F, Q
+from django.http import Http404, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.dateparse import parse_datetime
+from django.views.decorators.http import require_POST
 
-from hosts.models import EngineConfig
+from changes import services
+from changes.choices import LOCK_STATES, ChangeKind, Decision
+from changes.forms import ChangeFilterForm, CommentForm, ProposeForm, RollbackForm
+from changes.models import ChangeRequest
+from changes.services import ChangeRefused
+from hosts.models import Deployment, EngineConfig
+
+PAGE_SIZE = 25
+PARTS = {
+    "actions": "changes/_actions.html",
+    "status": "changes/_status.html",
+    "facts": "changes/_facts.html",
+}
+DETAIL_SELECT = (
+    "deployment__host",
+    "deployment__active_config",
+    "proposed_by",
+    "applied_by",
+    "base_config",
+    "target_config",
+    "applied_config",
+    "verify_profile",
+    "baseline_run",
+    "verification_run",
+)
+
+
+# --- the list ----------------------------------------------------------------------------------
+@permission_required("changes.view_changerequest", raise_exception=True)
+def change_list(request):
+    form = ChangeFilterForm(request.GET)
+    changes = ChangeRequest.objects.select_related("deployment__host", "proposed_by").annotate(
+        approvals_now=Count(
+            "approvals",
+            # The current round: decisions made against the change's base (see the model).
+            filter=Q(approvals__decision=Decision.APPROVE)
+            & (
+                Q(approvals__base_config_id=F("base_config_id"))
+                | Q(approvals__base_config__isnull=True, base_config__isnull=True)
+            ),
+        )
+    )
+    if form.is_valid():
+        changes = form.filter(changes)
+    page = Paginator(changes.order_by("-created_at", "-pk"), PAGE_SIZE).get_page(
+        request.GET.get("page")
+    )
+    query = request.GET.copy()
+    query.pop("page", None)
+    locks = ChangeRequest.objects.filter(state__in=LOCK_STATES).select_related("deployment__host")
+    context = {"form": form, "page": page, "query": query.urlencode(), "locks": locks}
+    return render(request, "changes/change_list.html", context)
+
+
+# --- proposing ---------------------------------------------------------------------------------
+def _deployment(request) -> Deployment | None:
+    pk = request.GET.get("deployment", "")
+    if not pk.isdigit():
+        return None
+    return get_object_or_404(Deployment.objects.select_related("host", "active_config"), pk=int(pk))
+
+
+@permission_required("changes.add_changerequest", raise_exception=True)
+def change_new(request):
+    deployment = _deployment(request)
+    if deployment is None:
+        deployments = Deployment.objects.select_related("host", "active_config").order_by(
+            "host__name", "name"
+        )
+        return render(request, "changes/change_pick.html", {"deployments": deployments})
+    form = ProposeForm(deployment, request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            change = services.propose_change(
+                request.user,
+                deployment,
+                submit=request.POST.get("action") != "draft",
+                **form.proposal(),
+            )
+        except ChangeRefused as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, f"Change #{change.pk} {change.get_state_display().lower()}.")
+            return redirect(change)
+    return render(request, "changes/change_form.html", {"form": form, "deployment": deployment})
+
+
+@require_POST
+@permission_required("changes.add_changerequest", raise_exception=True)
+def change_preview(request):
+    """The proposal form's live pane: diff, warnings and predicted impact of what it holds."""
+    deployment = _deployment(request)
+    if deployment is None:
+        raise Http404("no deployment given")
+    form = ProposeForm(deployment, request.POST)
+    form.is_valid()  # the title and the rationale may still be empty: only flags matter here
+    context = {"problems": form.flag_errors(), "facts": None}
+    if not context["problems"]:
+        try:
+            proposal = services.validate_proposal(deployment, form.settings(), *form.carried())
+            context["facts"] = services.review_facts(
+                deployment,
+                deployment.active_config,
+                proposal,
+                form.cleaned_data.get("verify_profile"),
+            )
+        except ChangeRefused as exc:
+            context["problems"] = [str(exc)]
+    return render(request, "changes/_preview.html", context)
+
+
+# --- one change --------------------------------------------------------------------------------
+def _change(pk) -> ChangeRequest:
+    return get_object_or_404(ChangeRequest.objects.select_related(*DETAIL_SELECT), pk=pk)
+
+
+def _timeline(change: ChangeRequest) -> list[dict]:
+    items = services.timeline(change)
+    for item in items:
+        item["when"] = parse_datetime(item["at"])
+    return items
+
+
+def _context(request, change: ChangeRequest) -> dict:
+    approvals = list(change.approvals.all())
+    current = [a for a in approvals if a.base_config_id == change.base_config_id]
+    actions = change.allowed_actions(request.user)
+    return {
+        "change": change,
+        "stale": change.is_stale(),
+        "actions": actions,
+        "buttons": actions - {"comment", "rebase"},
+        "approvals": approvals,
+        "approved": sum(a.decision == Decision.APPROVE for a in current),
+        "reviewed": any(a.reviewer_id == request.user.pk for a in current),
+        "lock": services.lock_holder(change.deployment),
+        "alive": services.pipeline_alive(change),
+        "comparison": change.comparison or None,
+    }
+
+
+@permission_required("changes.view_changerequest", raise_exception=True)
+def change_detail(request, pk):
+    change = _change(pk)
+    context = {**_context(request, change), "timeline": _timeline(change)}
+    return render(request, "changes/change_detail.html", context)
+
+
+@permission_required("changes.view_changerequest", raise_exception=True)
+def change_part(request, pk, part):
+    """One fragment of the change page, re-fetched by htmx on a live event."""
+    if part not in PARTS:
+        raise Http404("no such part")
+    return render(request, PARTS[part], _context(request, _change(pk)))
+
+
+@permission_required("changes.view_changerequest", raise_exception=True)
+def change_timeline(request, pk):
+    """The whole timeline and the state: what the live page merges in after a reconnect."""
+    change = get_object_or_404(ChangeRequest, pk=pk)
+    state = change.state_choice
+    return JsonResponse(
+        {
+            "id": change.pk,
+            "state": state.value,
+            "label": state.label,
+            "colour": state.colour,
+            "items": services.timeline(change),
+        }
+    )
+
+
+# --- actions: each a POST that calls one verb and goes back to the change ----------------------
+def _act(request, pk, verb, done: str, *, text: str | None = None):
+    change = get_object_or_404(ChangeRequest, pk=pk)
+    form = CommentForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "; ".join(form.errors["comment"]))
+        return redirect(change)
+    args = () if text is None else (form.cleaned_data["comment"],)
+    try:
+        verb(request.user, change, *args)
+    except ChangeRefused as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, done.format(pk=change.pk))
+    return redirect(change)
+
+
+@require_POST
+@permission_required("changes.add_changerequest", raise_exception=True)
+def change_submit(request, pk):
+    return _act(request, pk, services.submit_change, "Change #{pk} submitted for review.")
+
+
+@require_POST
+@permission_required("changes.approve_changerequest", raise_exception=True)
+def change_approve(request, pk):
+    return _act(request, pk, services.approve_change, "You approved change #{pk}.", text="")
+
+
+@require_POST
+@permission_required("changes.approve_changerequest", raise_exception=True)
+def change_reject(request, pk):
+    return _act(request, pk, services.reject_change, "You rejected change #{pk}.", text="")
+
+
+@require_POST
+@permission_required("changes.add_changerequest", raise_exception=True)
+def change_withdraw(request, pk):
+    return _act(request, pk, services.withdraw_change, "Change #{pk} withdrawn.", text="")
+
+
+@require_POST
+@permission_required("changes.add_changerequest", raise_exception=True)
+def change_comment(request, pk):
+    return _act(request, pk, services.comment_on_change, "Comment added.", text="")
+
+
+@require_POST
+@permission_required("changes.add_changerequest", raise_exception=True)
+def change_rebase(request, pk):
+    return _act(
+        request, pk, services.rebase_change, "Change #{pk} rebased: it needs a review again."
+    )
+
+
+@require_POST
+@permission_required("changes.change_changerequest", raise_exception=True)
+def change_apply(request, pk):
+    return _act(request, pk, services.apply_change, "Change #{pk} is being applied.")
+
+
+@require_POST
+@permission_required("changes.change_changerequest", raise_exception=True)
+def change_resume(request, pk):
+    return _act(request, pk, services.resume_change, "The pipeline of change #{pk} resumed.")
+
+
+@require_POST
+@permission_required("changes.change_changerequest", raise_exception=True)
+def change_rollback(request, pk):
+    return _act(
+        request, pk, services.request_rollback, "Rollback of change #{pk} requested.", text=""
+    )
+
+
+# --- config history ----------------------------------------------------------------------------
+def _with_diffs(configs: list[EngineConfig]) -> list[dict]:
+    """Each config with what it changed from the version before, in one query for all the
+    predecessors instead of one per row."""
+    wanted = {(c.deployment_id, c.version - 1) for c in configs if c.version > 1}
+    have = {(c.deployment_id, c.version): c for c in configs}
+    missing = wanted - set(have)
+    if missing:
+        have.update(
+            {
+                (c.deployment_id, c.version): c
+                for c in EngineConfig.objects.filter(
+                    deployment_id__in={d for d, _ in missing},
+                    version__in={v for _, v in missing},
+                )
+            }
+        )
+    return [
+        {"config": c, "diff": c.diff(have.get((c.deployment_id, c.version - 1)))} for c in configs
+    ]
 
 
 @permission_required("hosts.view_engineconfig", raise_exception=True)
-def change_list(request):
-    """Every engine-config version, newest first, with what it changed from the one before."""
+def all_configs(request):
+    """Every engine-config version of every deployment, newest first."""
     configs = list(
         EngineConfig.objects.select_related("deployment__host", "created_by").order_by(
             "-created_at", "-pk"
         )[:100]
     )
-    # One query for all predecessors instead of one per row.
-    wanted = {(c.deployment_id, c.version - 1) for c in configs if c.version > 1}
-    previous = {
-        (c.deployment_id, c.version): c
-        for c in EngineConfig.objects.filter(
-            deployment_id__in={d for d, _ in wanted}, version__in={v for _, v in wanted}
+    return render(request, "changes/config_list.html", {"rows": _with_diffs(configs)})
+
+
+@permission_required("hosts.view_engineconfig", raise_exception=True)
+def deployment_configs(request, pk):
+    """One deployment's config versions, newest first; any but the running one can be the
+    target of a rollback proposal."""
+    deployment = get_object_or_404(Deployment.objects.select_related("host"), pk=pk)
+    configs = list(
+        EngineConfig.objects.filter(deployment=deployment)
+        .select_related("created_by")
+        .order_by("-version")
+    )
+    rows = _with_diffs(configs)
+    # The change that created each version, in one query.
+    made_by = dict(
+        ChangeRequest.objects.filter(
+            applied_config__in=configs, kind=ChangeKind.SETTINGS
+        ).values_list("applied_config_id", "pk")
+    )
+    for row in rows:
+        row["change"] = made_by.get(row["config"].pk)
+    context = {"deployment": deployment, "rows": rows, "form": RollbackForm()}
+    return render(request, "changes/deployment_configs.html", context)
+
+
+@require_POST
+@permission_required("changes.add_changerequest", raise_exception=True)
+def propose_rollback(request, pk):
+    target = get_object_or_404(EngineConfig.objects.select_related("deployment__host"), pk=pk)
+    form = RollbackForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Say why you propose this rollback.")
+        return redirect("changes:configs", target.deployment_id)
+    try:
+        change = services.propose_rollback(
+            request.user, target, rationale=form.cleaned_data["rationale"]
         )
-    }
-    rows = [
-        {"config": c, "diff": c.diff(previous.get((c.deployment_id, c.version - 1)))}
-        for c in configs
-    ]
-    return render(request, "changes/change_list.html", {"rows": rows})
+    except ChangeRefused as exc:
+        messages.error(request, str(exc))
+        return redirect("changes:configs", target.deployment_id)
+    messages.success(request, f"Change #{change.pk} proposed: {change.title}.")
+    return redirect(change)

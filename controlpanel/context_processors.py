@@ -9,7 +9,7 @@ NAVIGATION = (
     ("Dashboard", "dashboard", "hosts.view_host"),
     ("Hosts", "hosts:list", "hosts.view_host"),
     ("Benchmarks", "benchmarks:list", "benchmarks.view_benchmarkrun"),
-    ("Changes", "changes:list", "hosts.view_engineconfig"),
+    ("Changes", "changes:list", "changes.view_changerequest"),
     ("Cost", "cost", "benchmarks.view_benchmarkrun"),
     ("Audit log", "audit", "controlpanel.view_auditentry"),
 )

@@ -60,6 +60,7 @@ AUDIT_OBJECT_URLS = {
     "hosts.host": "hosts:detail",
     "benchmarks.benchmarkrun": "benchmarks:detail",
     "benchmarks.loadprofile": "benchmarks:profile",
+    "changes.changerequest": "changes:detail",
 }
 AUDIT_EXPORT_COLUMNS = (
     "id",

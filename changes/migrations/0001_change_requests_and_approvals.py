@@ -8,91 +8,344 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('benchmarks', '0005_history_sort_indexes'),
-        ('hosts', '0002_fleet_operations_telemetry'),
+        ("benchmarks", "0005_history_sort_indexes"),
+        ("hosts", "0002_fleet_operations_telemetry"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ChangeRequest',
+            name="ChangeRequest",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('settings', 'Settings change'), ('rollback', 'Rollback to an earlier version')], default='settings', max_length=16)),
-                ('state', models.CharField(choices=[('draft', 'Draft'), ('pending', 'Pending review'), ('approved', 'Approved'), ('rejected', 'Rejected'), ('withdrawn', 'Withdrawn'), ('applying', 'Applying'), ('verifying', 'Verifying'), ('applied', 'Applied'), ('rolled_back', 'Rolled back'), ('failed', 'Failed')], db_index=True, default='draft', max_length=16)),
-                ('title', models.CharField(max_length=120)),
-                ('rationale', models.TextField(help_text='Why: what was measured, what you expect to improve.')),
-                ('settings', models.JSONField(blank=True, default=dict, help_text='Proposed engine settings.')),
-                ('env', models.JSONField(blank=True, default=dict)),
-                ('placement', models.JSONField(blank=True, default=dict)),
-                ('warnings', models.JSONField(blank=True, default=list)),
-                ('prediction', models.JSONField(blank=True, default=dict, help_text="The simulator's before → after, when it can model it.")),
-                ('required_approvals', models.PositiveSmallIntegerField(default=1, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(5)])),
-                ('max_error_rate_increase', models.FloatField(default=0.01, help_text='Roll back when the error rate rises by more than this (0.01 = 1 point).', validators=[django.core.validators.MinValueValidator(0), django.core.validators.MaxValueValidator(1)])),
-                ('max_ttft_p95_regression', models.FloatField(default=0.2, help_text='Roll back when p95 TTFT grows by more than this fraction (0.2 = 20 %).', validators=[django.core.validators.MinValueValidator(0)])),
-                ('max_itl_p95_regression', models.FloatField(default=0.2, help_text='Roll back when p95 ITL grows by more than this fraction.', validators=[django.core.validators.MinValueValidator(0)])),
-                ('comparison', models.JSONField(blank=True, default=dict)),
-                ('window_start', models.DateTimeField(blank=True, null=True)),
-                ('window_end', models.DateTimeField(blank=True, null=True)),
-                ('outcome', models.CharField(blank=True, help_text='How it ended, in words.', max_length=1000)),
-                ('stage', models.CharField(blank=True, help_text='The pipeline stage now.', max_length=16)),
-                ('rollback_requested', models.BooleanField(default=False, help_text='Someone asked the pipeline to roll back (e.g. after a crash).')),
-                ('pipeline_owner', models.CharField(blank=True, max_length=64)),
-                ('pipeline_heartbeat_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
-                ('submitted_at', models.DateTimeField(blank=True, null=True)),
-                ('decided_at', models.DateTimeField(blank=True, null=True)),
-                ('apply_started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('applied_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('applied_config', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='hosts.engineconfig')),
-                ('base_config', models.ForeignKey(blank=True, help_text='The running config this change was proposed (or last rebased) against.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='hosts.engineconfig')),
-                ('baseline_run', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='benchmarks.benchmarkrun')),
-                ('deployment', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='changes', to='hosts.deployment')),
-                ('operation', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='hosts.engineoperation')),
-                ('proposed_by', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('rollback_operation', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='hosts.engineoperation')),
-                ('snapshot_config', models.ForeignKey(blank=True, help_text='The last good config at the start of the apply: where a rollback goes.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='hosts.engineconfig')),
-                ('target_config', models.ForeignKey(blank=True, help_text='Rollback changes: the earlier version to go back to.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='hosts.engineconfig')),
-                ('verification_run', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='benchmarks.benchmarkrun')),
-                ('verify_profile', models.ForeignKey(blank=True, help_text='Benchmark the engine with this profile after the apply (and before, for the baseline) and roll back on a regression.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='benchmarks.loadprofile')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("settings", "Settings change"),
+                            ("rollback", "Rollback to an earlier version"),
+                        ],
+                        default="settings",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("draft", "Draft"),
+                            ("pending", "Pending review"),
+                            ("approved", "Approved"),
+                            ("rejected", "Rejected"),
+                            ("withdrawn", "Withdrawn"),
+                            ("applying", "Applying"),
+                            ("verifying", "Verifying"),
+                            ("applied", "Applied"),
+                            ("rolled_back", "Rolled back"),
+                            ("failed", "Failed"),
+                        ],
+                        db_index=True,
+                        default="draft",
+                        max_length=16,
+                    ),
+                ),
+                ("title", models.CharField(max_length=120)),
+                (
+                    "rationale",
+                    models.TextField(
+                        help_text="Why: what was measured, what you expect to improve."
+                    ),
+                ),
+                (
+                    "settings",
+                    models.JSONField(
+                        blank=True, default=dict, help_text="Proposed engine settings."
+                    ),
+                ),
+                ("env", models.JSONField(blank=True, default=dict)),
+                ("placement", models.JSONField(blank=True, default=dict)),
+                ("warnings", models.JSONField(blank=True, default=list)),
+                (
+                    "prediction",
+                    models.JSONField(
+                        blank=True,
+                        default=dict,
+                        help_text="The simulator's before → after, when it can model it.",
+                    ),
+                ),
+                (
+                    "required_approvals",
+                    models.PositiveSmallIntegerField(
+                        default=1,
+                        validators=[
+                            django.core.validators.MinValueValidator(1),
+                            django.core.validators.MaxValueValidator(5),
+                        ],
+                    ),
+                ),
+                (
+                    "max_error_rate_increase",
+                    models.FloatField(
+                        default=0.01,
+                        help_text="Roll back when the error rate rises by more than this (0.01 = 1 point).",
+                        validators=[
+                            django.core.validators.MinValueValidator(0),
+                            django.core.validators.MaxValueValidator(1),
+                        ],
+                    ),
+                ),
+                (
+                    "max_ttft_p95_regression",
+                    models.FloatField(
+                        default=0.2,
+                        help_text="Roll back when p95 TTFT grows by more than this fraction (0.2 = 20 %).",
+                        validators=[django.core.validators.MinValueValidator(0)],
+                    ),
+                ),
+                (
+                    "max_itl_p95_regression",
+                    models.FloatField(
+                        default=0.2,
+                        help_text="Roll back when p95 ITL grows by more than this fraction.",
+                        validators=[django.core.validators.MinValueValidator(0)],
+                    ),
+                ),
+                ("comparison", models.JSONField(blank=True, default=dict)),
+                ("window_start", models.DateTimeField(blank=True, null=True)),
+                ("window_end", models.DateTimeField(blank=True, null=True)),
+                (
+                    "outcome",
+                    models.CharField(
+                        blank=True, help_text="How it ended, in words.", max_length=1000
+                    ),
+                ),
+                (
+                    "stage",
+                    models.CharField(
+                        blank=True, help_text="The pipeline stage now.", max_length=16
+                    ),
+                ),
+                (
+                    "rollback_requested",
+                    models.BooleanField(
+                        default=False,
+                        help_text="Someone asked the pipeline to roll back (e.g. after a crash).",
+                    ),
+                ),
+                ("pipeline_owner", models.CharField(blank=True, max_length=64)),
+                ("pipeline_heartbeat_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "created_at",
+                    models.DateTimeField(db_index=True, default=django.utils.timezone.now),
+                ),
+                ("submitted_at", models.DateTimeField(blank=True, null=True)),
+                ("decided_at", models.DateTimeField(blank=True, null=True)),
+                ("apply_started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "applied_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "applied_config",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="hosts.engineconfig",
+                    ),
+                ),
+                (
+                    "base_config",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="The running config this change was proposed (or last rebased) against.",
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="hosts.engineconfig",
+                    ),
+                ),
+                (
+                    "baseline_run",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="benchmarks.benchmarkrun",
+                    ),
+                ),
+                (
+                    "deployment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="changes",
+                        to="hosts.deployment",
+                    ),
+                ),
+                (
+                    "operation",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="hosts.engineoperation",
+                    ),
+                ),
+                (
+                    "proposed_by",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "rollback_operation",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="hosts.engineoperation",
+                    ),
+                ),
+                (
+                    "snapshot_config",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="The last good config at the start of the apply: where a rollback goes.",
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="hosts.engineconfig",
+                    ),
+                ),
+                (
+                    "target_config",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Rollback changes: the earlier version to go back to.",
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="hosts.engineconfig",
+                    ),
+                ),
+                (
+                    "verification_run",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="benchmarks.benchmarkrun",
+                    ),
+                ),
+                (
+                    "verify_profile",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Benchmark the engine with this profile after the apply (and before, for the baseline) and roll back on a regression.",
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="benchmarks.loadprofile",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-pk'],
-                'permissions': [('approve_changerequest', "Can approve or reject others' changes")],
+                "ordering": ["-created_at", "-pk"],
+                "permissions": [("approve_changerequest", "Can approve or reject others' changes")],
             },
         ),
         migrations.CreateModel(
-            name='Approval',
+            name="Approval",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('reviewer_name', models.CharField(max_length=150)),
-                ('decision', models.CharField(choices=[('approve', 'Approved'), ('reject', 'Rejected')], max_length=8)),
-                ('comment', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('base_config', models.ForeignKey(help_text='The running config the reviewer saw the change against.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='hosts.engineconfig')),
-                ('reviewer', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('change', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='approvals', to='changes.changerequest')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("reviewer_name", models.CharField(max_length=150)),
+                (
+                    "decision",
+                    models.CharField(
+                        choices=[("approve", "Approved"), ("reject", "Rejected")], max_length=8
+                    ),
+                ),
+                ("comment", models.TextField(blank=True)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "base_config",
+                    models.ForeignKey(
+                        help_text="The running config the reviewer saw the change against.",
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="hosts.engineconfig",
+                    ),
+                ),
+                (
+                    "reviewer",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "change",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="approvals",
+                        to="changes.changerequest",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['created_at', 'pk'],
+                "ordering": ["created_at", "pk"],
             },
         ),
         migrations.AddIndex(
-            model_name='changerequest',
-            index=models.Index(fields=['deployment', 'state'], name='changes_cha_deploym_cee297_idx'),
+            model_name="changerequest",
+            index=models.Index(
+                fields=["deployment", "state"], name="changes_cha_deploym_cee297_idx"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='changerequest',
-            constraint=models.UniqueConstraint(condition=models.Q(('state__in', ['applying', 'verifying'])), fields=('deployment',), name='changerequest_one_active_per_deployment'),
+            model_name="changerequest",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("state__in", ["applying", "verifying"])),
+                fields=("deployment",),
+                name="changerequest_one_active_per_deployment",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='approval',
-            constraint=models.UniqueConstraint(fields=('change', 'reviewer', 'base_config'), name='approval_once_per_round'),
+            model_name="approval",
+            constraint=models.UniqueConstraint(
+                fields=("change", "reviewer", "base_config"), name="approval_once_per_round"
+            ),
         ),
     ]

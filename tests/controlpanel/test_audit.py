@@ -220,8 +220,11 @@ def test_row_shows_link_changes_and_address(client, viewer, operator):
 
 
 def test_object_urls_match_the_models_own_pages(operator):
+    from changes.models import ChangeRequest
+
     host, run = make_host(), make_finished_run()
-    for obj in (host, run, run.load_profile):
+    change = ChangeRequest.objects.create(deployment=run.deployment, title="t", rationale="r")
+    for obj in (host, run, run.load_profile, change):
         entry = AuditEntry.objects.select_related("content_type").get(
             pk=audit(operator, "x.y", obj).pk
         )

@@ -19,6 +19,7 @@ OPERATORS = ["operator", "approver", "admin"]
 MATRIX = [
     ("dashboard", "get", ALL),
     ("audit", "get", ALL),
+    ("audit_export", "get", ALL),
     ("hosts:list", "get", ALL),
     ("hosts:detail", "get", ALL),
     ("hosts:checks", "get", ALL),
@@ -52,6 +53,24 @@ MATRIX = [
     ("benchmarks:price_edit", "get", ["admin"]),
     ("benchmarks:price_delete", "post", ["admin"]),
     ("changes:list", "get", ALL),
+    ("changes:new", "get", OPERATORS),
+    ("changes:preview", "post", OPERATORS),
+    ("changes:detail", "get", ALL),
+    ("changes:timeline", "get", ALL),
+    ("changes:part", "get", ALL),
+    # Only the proposer (or an Admin) submits or withdraws: the change here has no proposer.
+    ("changes:submit", "post", ["admin"]),
+    ("changes:approve", "post", ["approver", "admin"]),
+    ("changes:reject", "post", ["approver", "admin"]),
+    ("changes:withdraw", "post", ["admin"]),
+    ("changes:comment", "post", OPERATORS),
+    ("changes:rebase", "post", OPERATORS),
+    ("changes:apply", "post", OPERATORS),
+    ("changes:resume", "post", OPERATORS),
+    ("changes:rollback", "post", OPERATORS),
+    ("changes:all_configs", "get", ALL),
+    ("changes:configs", "get", ALL),
+    ("changes:propose_rollback", "post", OPERATORS),
     ("cost", "get", ALL),
 ]
 # Public on purpose, or Django's own account views, which every logged-in user may use.
@@ -70,6 +89,7 @@ PUBLIC = {
 
 # Views whose URL takes something other than the object of their app.
 ARGS = {
+    "audit_export": lambda o: ["csv"],
     "hosts:part": lambda o: [o["hosts"], "facts"],
     "hosts:restart": lambda o: [o["deployment"]],
     "hosts:operation": lambda o: [o["operation"]],
@@ -79,10 +99,49 @@ ARGS = {
     "benchmarks:profile_export": lambda o: [o["profile"]],
     "benchmarks:price_edit": lambda o: [o["price"]],
     "benchmarks:price_delete": lambda o: [o["price"]],
+    "changes:detail": lambda o: [_change(o)],
+    "changes:timeline": lambda o: [_change(o)],
+    "changes:part": lambda o: [_change(o), "actions"],
+    "changes:submit": lambda o: [_change(o)],
+    "changes:approve": lambda o: [_change(o)],
+    "changes:reject": lambda o: [_change(o)],
+    "changes:withdraw": lambda o: [_change(o)],
+    "changes:comment": lambda o: [_change(o)],
+    "changes:rebase": lambda o: [_change(o)],
+    "changes:apply": lambda o: [_change(o)],
+    "changes:resume": lambda o: [_change(o)],
+    "changes:rollback": lambda o: [_change(o)],
+    "changes:configs": lambda o: [o["deployment"]],
+    "changes:propose_rollback": lambda o: [_config(o)],
 }
+
+
+def _change(o) -> int:
+    """A pending change on the deployment, proposed by nobody in the personas."""
+    from changes.models import ChangeRequest
+
+    change, _ = ChangeRequest.objects.get_or_create(
+        deployment_id=o["deployment"],
+        title="More sequences",
+        defaults={
+            "rationale": "Queue wait dominates TTFT.",
+            "state": "pending",
+            "settings": {"max_num_seqs": 512},
+        },
+    )
+    return change.pk
+
+
+def _config(o) -> int:
+    from hosts.models import EngineConfig
+
+    return EngineConfig.objects.filter(deployment_id=o["deployment"]).first().pk
+
+
 # Views that read their objects from the query string.
 QUERY = {
     "benchmarks:compare": lambda o: f"?runs={o['benchmarks']}&runs={o['run2']}",
+    "changes:preview": lambda o: f"?deployment={o['deployment']}",
 }
 
 

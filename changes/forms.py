@@ -1,0 +1,290 @@
+"""Forms of the changes pages: the list's filters, the proposal (generated from the engine's
+flag spec for the deployment's version), the review comment and the rollback rationale."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+
+from benchmarks.models import BenchmarkRun, LoadProfile
+from changes import services
+from changes.choices import ChangeState
+from controlpanel.choices import OperationStatus
+from hosts.engines import get_spec
+from hosts.engines.flags import EngineArgError, Flag
+from hosts.engines.launch import RESERVED_SETTINGS
+from hosts.models import Deployment, Host
+
+ANY = [("", "any")]
+FLAG_PREFIX = "flag_"
+DATETIME_LOCAL = forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M")
+
+
+class DeploymentChoice(forms.ModelChoiceField):
+    def label_from_instance(self, obj: Deployment) -> str:
+        return f"{obj.host.name}/{obj.name}"
+
+
+class RunChoice(forms.ModelChoiceField):
+    def label_from_instance(self, obj: BenchmarkRun) -> str:
+        profile = f" · {obj.load_profile}" if obj.load_profile_id else ""
+        return f"#{obj.pk} {obj.label or ''}{profile} · {obj.created_at:%Y-%m-%d %H:%M}"
+
+
+class ChangeFilterForm(forms.Form):
+    """The list's filters, all optional."""
+
+    state = forms.ChoiceField(choices=ANY + list(ChangeState.choices), required=False)
+    host = forms.ModelChoiceField(
+        Host.objects.only("id", "name").order_by("name"), required=False, empty_label="any"
+    )
+    deployment = DeploymentChoice(
+        Deployment.objects.select_related("host").only("id", "name", "host__name"),
+        required=False,
+        empty_label="any",
+    )
+    proposer = forms.ModelChoiceField(
+        get_user_model().objects.none(), required=False, empty_label="anyone", label="Proposed by"
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["deployment"].queryset = self.fields["deployment"].queryset.order_by(
+            "host__name", "name"
+        )
+        self.fields["proposer"].queryset = (
+            get_user_model().objects.only("id", "username").order_by("username")
+        )
+
+    def filter(self, changes):
+        data = self.cleaned_data
+        if data.get("state"):
+            changes = changes.filter(state=data["state"])
+        if data.get("host"):
+            changes = changes.filter(deployment__host=data["host"])
+        if data.get("deployment"):
+            changes = changes.filter(deployment=data["deployment"])
+        if data.get("proposer"):
+            changes = changes.filter(proposed_by=data["proposer"])
+        return changes
+
+
+def _shown(value) -> str:
+    if value is None:
+        return "chosen by the engine"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _exclusive_minimum(flag: Flag):
+    def check(value):
+        if value is not None and value <= flag.minimum:
+            raise ValidationError(f"Must be greater than {flag.minimum:g}.")
+
+    return check
+
+
+def flag_field(flag: Flag) -> forms.Field:
+    """The form field for one engine flag: its type, range and choices from the spec."""
+    common = {
+        "required": False,
+        "label": flag.option,
+        "help_text": f"{flag.help} Default: {_shown(flag.default)}.".strip(),
+    }
+    if flag.type == "bool":
+        return forms.ChoiceField(
+            choices=[("", "unset"), ("true", "true"), ("false", "false")], **common
+        )
+    if flag.choices is not None:
+        coerce = {"int": int, "float": float}.get(flag.type, str)
+        return forms.TypedChoiceField(
+            choices=[("", "unset")] + [(str(c), str(c)) for c in flag.choices],
+            coerce=coerce,
+            empty_value=None,
+            **common,
+        )
+    if flag.type in ("int", "float"):
+        bounds = {}
+        if flag.minimum is not None and not flag.exclusive_minimum:
+            bounds["min_value"] = flag.minimum
+        if flag.maximum is not None:
+            bounds["max_value"] = flag.maximum
+        if flag.type == "int":
+            bounds = {k: int(v) for k, v in bounds.items()}
+            field = forms.IntegerField(**bounds, **common)
+        else:
+            field = forms.FloatField(**bounds, **common)
+            field.widget.attrs["step"] = "any"
+        if flag.minimum is not None and flag.exclusive_minimum:
+            field.validators.append(_exclusive_minimum(flag))
+            field.widget.attrs["min"] = flag.minimum
+        return field
+    if flag.nargs:
+        common["help_text"] += " Several values: separate them with spaces."
+    return forms.CharField(max_length=500, strip=True, **common)
+
+
+def _initial(flag: Flag, value):
+    if value is None:
+        return None
+    if flag.type == "bool":
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return " ".join(map(str, value))
+    return value
+
+
+class ProposeForm(forms.Form):
+    """A proposed change of one deployment: one field per flag of its engine version (the
+    running config's values filled in; an empty field leaves the flag unset), the reason, the
+    verification benchmark and its limits, and the maintenance window."""
+
+    title = forms.CharField(max_length=120)
+    rationale = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="Why: what was measured, what you expect to improve.",
+    )
+    verify_profile = forms.ModelChoiceField(
+        LoadProfile.objects.none(),
+        required=False,
+        label="Verify with load profile",
+        empty_label="none: no verification benchmark",
+        help_text="Benchmarked before and after the apply; a regression rolls the change back.",
+    )
+    baseline_run = RunChoice(
+        BenchmarkRun.objects.none(),
+        required=False,
+        label="Baseline run",
+        empty_label="measure a fresh baseline when applying",
+        help_text="A successful run of this deployment on its running config.",
+    )
+    max_error_rate_increase = forms.FloatField(
+        min_value=0,
+        max_value=100,
+        initial=1,
+        label="Max error-rate increase (percentage points)",
+    )
+    max_ttft_p95_regression = forms.FloatField(
+        min_value=0, initial=20, label="Max TTFT p95 regression (%)"
+    )
+    max_itl_p95_regression = forms.FloatField(
+        min_value=0, initial=20, label="Max ITL p95 regression (%)"
+    )
+    window_start = forms.DateTimeField(
+        required=False, label="Maintenance window from", widget=DATETIME_LOCAL
+    )
+    window_end = forms.DateTimeField(required=False, label="until", widget=DATETIME_LOCAL)
+
+    def __init__(self, deployment: Deployment, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.deployment = deployment
+        running = deployment.active_config
+        self.running = dict(running.settings) if running else {}
+        self.version_problem = ""
+        try:
+            flags = services.spec_flags(deployment)
+        except EngineArgError as exc:
+            # An unreadable engine version: show the newest release's flags and say why (the
+            # service refuses the proposal with the same words).
+            self.version_problem = str(exc)
+            flags = get_spec(deployment.engine).flags_for(None)
+        self.flags = {flag.dest: flag for flag in flags if flag.dest not in RESERVED_SETTINGS}
+        for dest, flag in self.flags.items():
+            name = FLAG_PREFIX + dest
+            self.fields[name] = flag_field(flag)
+            self.fields[name].initial = _initial(flag, self.running.get(dest))
+            self.fields[name].flag = flag
+        self.fields["verify_profile"].queryset = LoadProfile.objects.latest().order_by("name")
+        self.fields["baseline_run"].queryset = (
+            BenchmarkRun.objects.filter(
+                deployment=deployment,
+                status=OperationStatus.SUCCEEDED,
+                engine_config=running,
+            )
+            .select_related("load_profile")
+            .order_by("-created_at")
+            if running
+            else BenchmarkRun.objects.none()
+        )
+
+    # --- the flag fields, as the template shows them ---------------------------------------
+    def performance_fields(self):
+        return [self[FLAG_PREFIX + d] for d, f in self.flags.items() if f.performance]
+
+    def other_fields(self):
+        return [self[FLAG_PREFIX + d] for d, f in self.flags.items() if not f.performance]
+
+    def flag_errors(self) -> list[str]:
+        """Errors of the flag fields and the profile (what a preview needs), named by flag."""
+        out = []
+        for name, errors in self.errors.items():
+            if name.startswith(FLAG_PREFIX) or name == "verify_profile":
+                label = self.fields[name].label
+                out += [f"{label}: {error}" for error in errors]
+        return out
+
+    def error_summary(self) -> list[str]:
+        """Every field error, named by its label (the flag's option), for the page's top."""
+        return [
+            f"{self.fields[name].label}: {error}"
+            for name, errors in self.errors.items()
+            if name != "__all__"
+            for error in errors
+        ]
+
+    # --- what the service gets ---------------------------------------------------------------
+    def settings(self) -> dict:
+        """The flags given a value; empty ones are left out (unset)."""
+        out = {}
+        for dest, flag in self.flags.items():
+            value = self.cleaned_data.get(FLAG_PREFIX + dest)
+            if value in (None, ""):
+                continue
+            if flag.type == "bool":
+                value = value == "true"
+            elif flag.nargs:
+                parts = value.split()
+                running = self.running.get(dest)
+                value = parts if len(parts) > 1 or isinstance(running, list) else parts[0]
+            out[dest] = value
+        return out
+
+    def carried(self) -> tuple[dict, dict]:
+        """The running config's environment and CPU placement: a proposal keeps them."""
+        running = self.deployment.active_config
+        return (dict(running.env), dict(running.placement)) if running else ({}, {})
+
+    def proposal(self) -> dict:
+        data = self.cleaned_data
+        env, placement = self.carried()
+        return {
+            "title": data["title"],
+            "rationale": data["rationale"],
+            "settings": self.settings(),
+            "env": env,
+            "placement": placement,
+            "verify_profile": data.get("verify_profile"),
+            "baseline_run": data.get("baseline_run"),
+            "thresholds": {
+                "max_error_rate_increase": data["max_error_rate_increase"] / 100,
+                "max_ttft_p95_regression": data["max_ttft_p95_regression"] / 100,
+                "max_itl_p95_regression": data["max_itl_p95_regression"] / 100,
+            },
+            "window": (data.get("window_start"), data.get("window_end")),
+        }
+
+
+class CommentForm(forms.Form):
+    """The text of a comment, an approval, a rejection or a rollback request."""
+
+    comment = forms.CharField(required=False, max_length=5000, strip=True)
+
+
+class RollbackForm(forms.Form):
+    rationale = forms.CharField(
+        max_length=5000,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Why go back to this version.",
+    )

@@ -1,0 +1,161 @@
+"""A config change in a real browser on `make run`: an operator proposes one setting from the
+form generated from the engine's flag spec (with the live preview), an approver (another
+person, another browser) approves and applies it, and the proposer watches the timeline fill
+in live over the WebSocket — snapshot, baseline, apply, restart, health, verification,
+compare — until the change is applied on the demo engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.e2e.test_embedded_mode import browser, panel  # noqa: F401 - shared fixtures
+from tests.integration.processes import ROOT
+
+pytestmark = pytest.mark.e2e
+
+SEED = """
+import json
+from benchmarks.models import LoadProfile
+from hosts.models import Deployment
+profile = LoadProfile.objects.create_next("e2e-verify", {
+    "stages": [{"name": "main", "concurrency": 4, "num_requests": 24}],
+    "input_len": {"kind": "fixed", "mean": 256},
+    "output_len": {"kind": "fixed", "mean": 32},
+    "warmup_requests": 2,
+})
+deployment = Deployment.objects.get(name="llama-8b")
+print(json.dumps({"profile": profile.pk, "deployment": deployment.pk,
+                  "seqs": deployment.active_config.settings.get("max_num_seqs")}))
+"""
+
+
+def seed(tmp_path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env["VAR_DIR"] = str(tmp_path / "var")
+    out = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", SEED],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def login(chromium, base, user, password):
+    context = chromium.new_context()
+    page = context.new_page()
+    page.goto(base + "/accounts/login/")
+    page.fill("#id_username", user)
+    page.fill("#id_password", password)
+    page.click("button[type=submit]")
+    page.wait_for_url(base + "/")
+    return page
+
+
+def fail(page, panel_process, what):
+    return AssertionError(
+        what
+        + ":\n"
+        + page.inner_text("main")[:3000]
+        + "\n--- panel log ---\n"
+        + panel_process.output()[-4000:]
+    )
+
+
+def test_propose_approve_apply_and_watch_the_timeline(panel, browser, tmp_path):  # noqa: F811
+    base, password, process = panel["url"], panel["password"], panel["process"]
+    proposer = login(browser, base, "operator", password)
+    # The demo fleet must be up before its running config can be changed.
+    proposer.goto(base + "/hosts/")
+    proposer.locator("tr[data-host=sim-h100-01] >> text=Online").wait_for(timeout=90000)
+    ids = seed(tmp_path)
+    errors = []
+    proposer.on("pageerror", lambda error: errors.append(str(error)))
+
+    # --- propose: one setting, from the generated form ------------------------------------
+    proposer.goto(f"{base}/changes/new/?deployment={ids['deployment']}")
+    seqs = proposer.locator("#id_flag_max_num_seqs")
+    assert seqs.get_attribute("type") == "number" and seqs.get_attribute("min") == "1"
+    if ids["seqs"] is not None:
+        assert seqs.input_value() == str(ids["seqs"]), "the form starts from the running config"
+    new_value = "48" if ids["seqs"] != 48 else "40"
+    seqs.fill(new_value)
+    proposer.fill("#id_title", "Fewer concurrent sequences")
+    proposer.fill("#id_rationale", "KV cache preemptions at peak; trade throughput for TTFT.")
+    proposer.select_option("#id_verify_profile", str(ids["profile"]))
+    preview = proposer.get_by_test_id("preview")
+    try:
+        preview.get_by_text("max_num_seqs").first.wait_for(timeout=20000)
+        preview.get_by_test_id("prediction").wait_for(timeout=20000)
+    except Exception:
+        raise fail(proposer, process, "the preview did not show the diff and prediction") from None
+    proposer.get_by_test_id("submit-proposal").click()
+    proposer.wait_for_url(f"{base}/changes/*/")
+    change_pk = int(proposer.url.rstrip("/").rsplit("/", 1)[1])
+    assert proposer.get_by_test_id("change-state").get_attribute("data-change-state") == "pending"
+    # Four eyes: the proposer is offered no approval.
+    assert proposer.get_by_test_id("approve-change").count() == 0
+    proposer.wait_for_selector("[data-change][data-live-connected=true]", timeout=15000)
+    items_before = proposer.get_by_test_id("timeline-item").count()
+    # A marker that a reload would wipe: the timeline below must grow without one.
+    proposer.evaluate("() => { window.__noReload = true; }")
+
+    # --- another person approves and applies -----------------------------------------------
+    reviewer = login(browser, base, "approver", password)
+    reviewer.goto(f"{base}/changes/{change_pk}/")
+    reviewer.fill("#review-comment", "One knob, verification on: go.")
+    reviewer.get_by_test_id("approve-change").click()
+    reviewer.wait_for_selector("[data-change-state=approved]", timeout=15000)
+    reviewer.get_by_test_id("apply-change").click()
+    reviewer.wait_for_selector("[data-change-state=applying]", timeout=15000)
+
+    # --- the proposer's page follows live ----------------------------------------------------
+    try:
+        proposer.wait_for_selector(
+            "[data-testid=timeline-item][data-action=approve]", timeout=15000
+        )
+        proposer.wait_for_selector(
+            "[data-testid=timeline-item][data-stage=restart][data-status=succeeded]",
+            timeout=120000,
+        )
+        proposer.wait_for_selector(
+            "[data-testid=timeline-item][data-stage=done][data-status=succeeded]", timeout=180000
+        )
+        proposer.wait_for_selector("[data-change-state=applied]", timeout=15000)
+    except Exception:
+        raise fail(proposer, process, "the timeline did not reach 'done' live") from None
+    assert proposer.evaluate("() => window.__noReload === true"), "the page was reloaded"
+    stages = proposer.eval_on_selector_all(
+        "[data-testid=timeline-item][data-action=stage]",
+        "els => els.map(e => e.dataset.stage + ':' + e.dataset.status)",
+    )
+    for expected in (
+        "snapshot:succeeded",
+        "baseline:succeeded",
+        "apply:succeeded",
+        "restart:succeeded",
+        "health:succeeded",
+        "verify:succeeded",
+        "compare:succeeded",
+        "done:succeeded",
+    ):
+        assert expected in stages, stages
+    ids_shown = proposer.eval_on_selector_all(
+        "[data-testid=timeline-item]", "els => els.map(e => e.dataset.id)"
+    )
+    assert len(ids_shown) == len(set(ids_shown)) > items_before, "no duplicates, more items"
+    # The verification links to its run and to the comparison with the baseline.
+    proposer.get_by_test_id("compare-link").wait_for(timeout=15000)
+    assert errors == [], errors
+
+    # The config history shows the new version as running, made by this change.
+    proposer.goto(f"{base}/changes/deployments/{ids['deployment']}/configs/")
+    assert f"#{change_pk}" in proposer.inner_text("main")
