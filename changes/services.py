@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 import uuid
+from datetime import timedelta
 
 import httpx
 from django.conf import settings as conf
@@ -642,6 +643,24 @@ def resume_change(actor, change: ChangeRequest, *, quiet: bool = False) -> Chang
             )
         )
     return change
+
+
+def resume_lost_pipelines() -> list[ChangeRequest]:
+    """Beat's sweep: a change being applied whose pipeline stopped stamping it (its worker
+    machine died and the broker has not redelivered yet) is resumed, so it reaches a known
+    end without waiting for someone to notice. Pipelines that never started are left alone:
+    their task may only be waiting for a free worker."""
+    cutoff = timezone.now() - timedelta(seconds=stale_after() + 60)
+    lost = ChangeRequest.objects.filter(
+        state__in=LOCK_STATES, pipeline_heartbeat_at__lt=cutoff
+    ).select_related("deployment")
+    resumed = []
+    for change in lost:
+        try:
+            resumed.append(resume_change(None, change))
+        except ChangeRefused:
+            continue  # it finished or came back to life meanwhile
+    return resumed
 
 
 # --- the pipeline (on a worker) ----------------------------------------------------------------

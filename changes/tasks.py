@@ -24,3 +24,8 @@ def apply_change(self, change_pk: int) -> None:
 @shared_task(time_limit=60, soft_time_limit=50, ignore_result=True)
 def notify_change(change_pk: int, state: str) -> None:
     notify.send(change_pk, state)
+
+
+@shared_task(time_limit=60, soft_time_limit=50, ignore_result=True)
+def resume_lost_pipelines() -> int:
+    return len(services.resume_lost_pipelines())

@@ -316,6 +316,11 @@ CELERY_BEAT_SCHEDULE["fail-stale-benchmarks"] = {
     "schedule": 60.0,
 }
 
+CELERY_BEAT_SCHEDULE["resume-lost-change-pipelines"] = {
+    "task": "changes.tasks.resume_lost_pipelines",
+    "schedule": 60.0,
+}
+
 # --- Changes -------------------------------------------------------------------------------
 # Hosts carrying this label (key=value) need CHANGE_PRODUCTION_APPROVALS approvals, others one.
 CHANGE_PRODUCTION_LABEL = _env["CHANGE_PRODUCTION_LABEL"]

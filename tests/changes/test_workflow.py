@@ -342,3 +342,29 @@ def test_prediction_for_the_chosen_profile(operator, deployment):
     stage = change.prediction["stages"][0]
     ttft = next(m for m in stage["metrics"] if m["label"] == "TTFT p95")
     assert ttft["after"] > ttft["before"] and ttft["verdict"] == "worse"
+
+
+def test_beat_resumes_pipelines_that_stopped_stamping(
+    operator, approver, deployment, django_capture_on_commit_callbacks
+):
+    lost = approved(operator, approver, deployment)
+    alive = approved(operator, approver, deployment, settings={"max_num_seqs": 96})
+    queued = approved(operator, approver, deployment, settings={"max_num_seqs": 32})
+    long_ago = timezone.now() - timedelta(minutes=10)
+    ChangeRequest.objects.filter(pk=lost.pk).update(
+        state="applying", pipeline_owner="gone", pipeline_heartbeat_at=long_ago
+    )
+    # Another deployment's change, alive; and one whose task has not started yet.
+    other = make_deployment(deployment.host)
+    other.active_config = make_config(other, {"max_num_seqs": 64})
+    other.save()
+    ChangeRequest.objects.filter(pk=alive.pk).update(
+        deployment=other, state="verifying", pipeline_heartbeat_at=timezone.now()
+    )
+    third = make_deployment(deployment.host)
+    ChangeRequest.objects.filter(pk=queued.pk).update(deployment=third, state="applying")
+    with mock.patch("changes.tasks.apply_change.apply_async") as task:
+        with django_capture_on_commit_callbacks(execute=True):
+            resumed = services.resume_lost_pipelines()
+    assert [c.pk for c in resumed] == [lost.pk]
+    assert task.call_args.args[0] == (lost.pk,)
