@@ -594,7 +594,8 @@ def host_services_operation_limit() -> int:
 
 def request_rollback(actor, change: ChangeRequest, reason: str) -> ChangeRequest:
     """Ask for a roll back of a change that is applying or verifying, e.g. after its worker
-    was lost: the pipeline (resumed now when none is alive) restores the snapshot config."""
+    was lost: the pipeline (resumed now when none is alive) restores the snapshot config. A
+    benchmark of the change that is running is cancelled, so the answer comes within seconds."""
     with transaction.atomic():
         change = _locked(change)
         if not change.holds_lock:
@@ -605,6 +606,12 @@ def request_rollback(actor, change: ChangeRequest, reason: str) -> ChangeRequest
         change.rollback_requested = True
         change.save(update_fields=["rollback_requested", "updated_at"])
         record(actor, change, "rollback_request", after={"message": reason or "by hand"})
+    for run in (change.baseline_run, change.verification_run):
+        if run is not None and run.cancellable:
+            try:
+                benchmark_runs.cancel_benchmark(actor, run)
+            except benchmark_runs.RunRefused:
+                pass  # it just finished: the pipeline sees the flag next
     if not pipeline_alive(change):
         resume_change(actor, change, quiet=True)
     return change
@@ -775,11 +782,9 @@ def _pipeline(change: ChangeRequest) -> None:
         baseline = change.baseline_run
         if baseline is None or baseline.status != OperationStatus.SUCCEEDED:
             _stage(change, Stage.BASELINE, StageStatus.STARTED, str(change.verify_profile))
-            baseline = _benchmark(change, "baseline")
-            change.baseline_run = baseline
-            change.save(update_fields=["baseline_run"])
-            if baseline.status != OperationStatus.SUCCEEDED:
-                message = f"the baseline benchmark {baseline.status}: {baseline.error}"
+            baseline, refused = _benchmark(change, "baseline")
+            if baseline is None or baseline.status != OperationStatus.SUCCEEDED:
+                message = refused or f"the baseline benchmark {baseline.status}: {baseline.error}"
                 _stage(change, Stage.BASELINE, StageStatus.FAILED, message, link=_link(baseline))
                 return _finish(change, S.FAILED, message + " Nothing was changed.")
             _stage(
@@ -797,6 +802,9 @@ def _pipeline(change: ChangeRequest) -> None:
                 f"using {baseline} as the baseline",
                 link=_link(baseline),
             )
+
+    if _rollback_asked(change):
+        return _rollback(change, "a rollback was requested before the apply")
 
     # 3. Apply: the proposed settings become the deployment's next config version.
     if change.applied_config_id is None:
@@ -882,7 +890,7 @@ def _pipeline(change: ChangeRequest) -> None:
             with transaction.atomic():
                 _transition(None, change, S.VERIFYING)
 
-    if change.rollback_requested:
+    if _rollback_asked(change):
         return _rollback(change, "a rollback was requested while the change was being applied")
 
     # 6. Verify under the same load, 7. compare with the baseline.
@@ -890,11 +898,11 @@ def _pipeline(change: ChangeRequest) -> None:
         run = change.verification_run
         if run is None or run.status != OperationStatus.SUCCEEDED:
             _stage(change, Stage.VERIFY, StageStatus.STARTED, str(change.verify_profile))
-            run = _benchmark(change, "verification")
-            change.verification_run = run
-            change.save(update_fields=["verification_run"])
-            if run.status != OperationStatus.SUCCEEDED:
-                message = f"the verification benchmark {run.status}: {run.error}"
+            run, refused = _benchmark(change, "verification")
+            if _rollback_asked(change):
+                return _rollback(change, "a rollback was requested during the verification")
+            if run is None or run.status != OperationStatus.SUCCEEDED:
+                message = refused or f"the verification benchmark {run.status}: {run.error}"
                 _stage(change, Stage.VERIFY, StageStatus.FAILED, message, link=_link(run))
                 return _rollback(change, message)
             _stage(change, Stage.VERIFY, StageStatus.SUCCEEDED, _run_numbers(run), link=_link(run))
@@ -920,6 +928,11 @@ def _pipeline(change: ChangeRequest) -> None:
         _stage(change, Stage.VERIFY, StageStatus.SKIPPED, "no verification profile chosen")
     _stage(change, Stage.DONE, StageStatus.SUCCEEDED, f"{deployment} runs v{config.version}")
     return _finish(change, S.APPLIED, f"{deployment} runs v{config.version}")
+
+
+def _rollback_asked(change: ChangeRequest) -> bool:
+    change.refresh_from_db(fields=["rollback_requested"])
+    return change.rollback_requested
 
 
 def _operation(pk: int) -> EngineOperation:
@@ -992,6 +1005,14 @@ def abandon(change_pk: int, error: str) -> None:
     change = ChangeRequest.objects.select_related("deployment__host").get(pk=change_pk)
     if not change.holds_lock:
         return
+    # What this pipeline ran inline has no task of its own to close it: close it here, or the
+    # deployment would stay locked by a "running" operation or benchmark.
+    for operation in (change.operation, change.rollback_operation):
+        if operation is not None and not operation.is_finished:
+            host_services.fail_operation(operation, f"the change's pipeline stopped: {error}")
+    for run in (change.baseline_run, change.verification_run):
+        if run is not None and not run.is_finished:
+            benchmark_runs.fail_run(run, f"the change's pipeline stopped: {error}")
     state = "unknown"
     try:
         with host_services.transport_for(change.deployment.host, change.deployment) as transport:
@@ -1041,9 +1062,19 @@ def health_problem(deployment: Deployment) -> str | None:
             time.sleep(1)
 
 
-def _benchmark(change: ChangeRequest, purpose: str) -> BenchmarkRun:
+BENCHMARK_FIELDS = {"baseline": "baseline_run", "verification": "verification_run"}
+
+
+def _benchmark(change: ChangeRequest, purpose: str) -> tuple[BenchmarkRun | None, str]:
     """Run the change's verification profile on the engine now, inline on this worker (the
-    run is an ordinary run: its page streams live and it joins the history)."""
+    run is an ordinary run: its page streams live and it joins the history). The run is on
+    the change before it starts, so a rollback request can cancel it. ``(run, "")``, or
+    ``(None, why it could not start)``."""
+    field = BENCHMARK_FIELDS[purpose]
+    earlier = getattr(change, field)
+    if earlier is not None and not earlier.is_finished:
+        # The pipeline's previous worker died during this run: it measured for nobody.
+        benchmark_runs.fail_run(earlier, "the change's pipeline stopped during the run")
     try:
         run = benchmark_runs.start_benchmark(
             change.applied_by,
@@ -1053,8 +1084,9 @@ def _benchmark(change: ChangeRequest, purpose: str) -> BenchmarkRun:
             enqueue=False,
         )
     except benchmark_runs.RunRefused as exc:
-        run = BenchmarkRun(status=OperationStatus.FAILED, error=str(exc))
-        return run
+        return None, f"the {purpose} benchmark could not start: {exc}"
+    setattr(change, field, run)
+    change.save(update_fields=[field])
     try:
         benchmark_runs.execute_run(
             BenchmarkRun.objects.select_related(
@@ -1064,7 +1096,7 @@ def _benchmark(change: ChangeRequest, purpose: str) -> BenchmarkRun:
     except Exception as exc:  # noqa: BLE001 - recorded on the run, judged by the pipeline
         benchmark_runs.fail_run(run, f"{type(exc).__name__}: {exc}")
     run.refresh_from_db()
-    return run
+    return run, ""
 
 
 NUMBERS = ("error_rate", "ttft_p95_ms", "itl_p95_ms", "output_tokens_per_s")
@@ -1093,8 +1125,8 @@ def _verdict_text(result: dict) -> str:
     return "within limits: " + ", ".join(parts) if parts else "within limits"
 
 
-def _link(run: BenchmarkRun) -> str:
-    return run.get_absolute_url() if run.pk else ""
+def _link(run: BenchmarkRun | None) -> str:
+    return run.get_absolute_url() if run is not None else ""
 
 
 def _compare_link(a: BenchmarkRun | None, b: BenchmarkRun) -> str:

@@ -7,16 +7,18 @@ config; two concurrent applies on PostgreSQL: one wins, the other is refused."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from django.db import close_old_connections
 
+from benchmarks.models import RunPoint
 from changes import services
 from changes.models import ChangeRequest
 from controlpanel.models import AuditEntry
 from hosts import services as host_services
 from hosts.models import EngineConfig, EngineOperation
-from tests.factories import make_host, make_profile, make_sim_deployment
+from tests.factories import make_finished_run, make_host, make_profile, make_sim_deployment
 from tests.hosts.agent.conftest import AgentProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -252,3 +254,44 @@ def test_concurrent_applies_one_wins_one_is_refused(postgres, fleet, operator, a
     assert "locked by change #" in refused
     states = sorted(ChangeRequest.objects.values_list("state", flat=True))
     assert states == ["applying", "approved"]
+
+
+def test_roll_back_now_during_the_verification(fleet, operator, approver):
+    deployment = fleet
+    before = deployment.active_config
+    long_profile = dict(PROFILE, stages=[{"name": "main", "concurrency": 4, "num_requests": 4000}])
+    change = approved(
+        operator,
+        approver,
+        deployment,
+        {"max_num_seqs": 96},
+        verify_profile=make_profile(spec=long_profile),
+        baseline_run=make_finished_run(deployment, engine_config=before),
+    )
+    from unittest import mock
+
+    with mock.patch("changes.tasks.apply_change.apply_async"):
+        services.apply_change(operator, change)
+    worker = threading.Thread(target=services.run_pipeline, args=(change.pk, "w"))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            run_pk = ChangeRequest.objects.get(pk=change.pk).verification_run_id
+            if run_pk and RunPoint.objects.filter(run_id=run_pk).exists():
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(stages(change))
+        asked = time.monotonic()
+        services.request_rollback(approver, ChangeRequest.objects.get(pk=change.pk), "p99 spikes")
+        worker.join(60)
+    finally:
+        close_old_connections()
+    change.refresh_from_db()
+    assert change.state == "rolled_back", (change.outcome, stages(change))
+    assert time.monotonic() - asked < 30, "the running benchmark was not cancelled"
+    assert change.verification_run.status == "cancelled"
+    assert "rollback was requested during the verification" in change.outcome
+    deployment.refresh_from_db()
+    assert deployment.active_config == before

@@ -368,3 +368,27 @@ def test_beat_resumes_pipelines_that_stopped_stamping(
             resumed = services.resume_lost_pipelines()
     assert [c.pk for c in resumed] == [lost.pk]
     assert task.call_args.args[0] == (lost.pk,)
+
+
+def test_a_broken_pipeline_closes_what_it_left_running(operator, approver, deployment):
+    from hosts.models import EngineOperation
+    from tests.factories import make_run
+
+    change = approved(operator, approver, deployment)
+    operation = EngineOperation.objects.create(
+        deployment=deployment, kind="apply", config=deployment.active_config, status="running"
+    )
+    run = make_run(deployment, status="running")
+    ChangeRequest.objects.filter(pk=change.pk).update(
+        state="verifying", stage="verify", operation=operation, verification_run=run
+    )
+    # No agent listens on the host's port: the engine's state is reported unknown.
+    services.abandon(change.pk, "the apply pipeline ran out of time")
+    change.refresh_from_db()
+    operation.refresh_from_db()
+    run.refresh_from_db()
+    assert change.state == "failed" and change.pipeline_owner == ""
+    assert "ran out of time; the engine was found unknown" in change.outcome
+    assert operation.status == "failed" and "pipeline stopped" in operation.error
+    assert run.status == "failed" and "pipeline stopped" in run.error
+    assert services.lock_holder(deployment) is None
