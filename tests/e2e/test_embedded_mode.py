@@ -125,9 +125,15 @@ def test_make_run_gives_a_working_panel(panel, browser, tmp_path):
         ) from None
     page.click("text=sim-h100-01")
     page.wait_for_selector("[data-live-connected=true]", timeout=10000)
-    status = page.locator("tr[data-deployment=llama-8b] [data-testid=deployment-status]")
+    # Looked up on every poll: htmx swaps the deployments fragment on live events (and once
+    # the socket opens), so a handle to the first badge would go stale.
     page.wait_for_function(
-        "el => el.textContent.trim() === 'Running'", arg=status.element_handle(), timeout=60000
+        """() => {
+            const el = document.querySelector(
+                "tr[data-deployment=llama-8b] [data-testid=deployment-status]");
+            return el !== null && el.textContent.trim() === "Running";
+        }""",
+        timeout=60000,
     )
 
     # Live telemetry: the GPU chart grows in place as samples arrive over the socket.
