@@ -23,6 +23,7 @@ from changes.choices import (
     Decision,
 )
 from controlpanel.models import InvalidTransition
+from hosts.models import flat_config, flat_diff
 
 S = ChangeState
 
@@ -267,20 +268,12 @@ class ChangeRequest(models.Model):
 
     def proposed_flat(self) -> dict:
         """The proposed config flattened like ``EngineConfig.flat`` (env.X, placement.X)."""
-        flat = dict(self.settings or {})
-        flat.update({f"env.{k}": v for k, v in (self.env or {}).items()})
-        flat.update(
-            {f"placement.{k}": v for k, v in (self.placement or {}).items() if v is not None}
-        )
-        return flat
+        return flat_config(self.settings, self.env, self.placement)
 
     def diff(self) -> dict[str, tuple]:
         """``{flag: (running value, proposed value)}`` for every flag that differs from the
         base config."""
-        base = self.base_config.flat() if self.base_config else {}
-        mine = self.proposed_flat()
-        keys = sorted(set(base) | set(mine))
-        return {k: (base.get(k), mine.get(k)) for k in keys if base.get(k) != mine.get(k)}
+        return flat_diff(self.base_config.flat() if self.base_config else {}, self.proposed_flat())
 
     def pipeline_alive(self) -> bool:
         """A worker stamped this change recently (CHANGE_HEARTBEAT_SECONDS, three missed

@@ -843,9 +843,7 @@ def _pipeline(change: ChangeRequest) -> None:
                 return _finish(change, S.FAILED, message)
             change.operation = operation
             change.save(update_fields=["operation"])
-        if not operation.is_finished:
-            host_services.run_operation(_operation(operation.pk))
-        operation.refresh_from_db()
+        operation = _run_inline(operation)
         if operation.outcome != OperationOutcome.READY:
             message = operation.error or operation.get_outcome_display()
             _stage(
@@ -935,10 +933,16 @@ def _rollback_asked(change: ChangeRequest) -> bool:
     return change.rollback_requested
 
 
-def _operation(pk: int) -> EngineOperation:
-    return EngineOperation.objects.select_related(
-        "deployment__host", "config", "previous_config", "requested_by"
-    ).get(pk=pk)
+def _run_inline(operation: EngineOperation) -> EngineOperation:
+    """Run (or, after a lost worker, close) an apply here on the pipeline's worker."""
+    if not operation.is_finished:
+        host_services.run_operation(
+            EngineOperation.objects.select_related(
+                "deployment__host", "config", "previous_config", "requested_by"
+            ).get(pk=operation.pk)
+        )
+    operation.refresh_from_db()
+    return operation
 
 
 def _rollback(change: ChangeRequest, reason: str) -> None:
@@ -967,9 +971,7 @@ def _rollback(change: ChangeRequest, reason: str) -> None:
             return _finish(change, S.FAILED, message)
         change.rollback_operation = operation
         change.save(update_fields=["rollback_operation"])
-    if not operation.is_finished:
-        host_services.run_operation(_operation(operation.pk))
-    operation.refresh_from_db()
+    operation = _run_inline(operation)
     if operation.outcome == OperationOutcome.READY:
         _stage(
             change, Stage.ROLLBACK, StageStatus.SUCCEEDED, f"the engine runs v{snapshot.version}"

@@ -455,17 +455,10 @@ class EngineConfig(models.Model):
     def diff(self, other: EngineConfig | None) -> dict[str, tuple]:
         """``{flag: (other's value, this value)}`` for every flag that differs; environment
         variables appear as ``env.NAME`` and placement as ``placement.numa_node``/``.cpus``."""
-        mine, theirs = self.flat(), other.flat() if other else {}
-        keys = sorted(set(theirs) | set(mine))
-        return {k: (theirs.get(k), mine.get(k)) for k in keys if theirs.get(k) != mine.get(k)}
+        return flat_diff(other.flat() if other else {}, self.flat())
 
     def flat(self) -> dict:
-        flat = dict(self.settings)
-        flat.update({f"env.{k}": v for k, v in (self.env or {}).items()})
-        flat.update(
-            {f"placement.{k}": v for k, v in (self.placement or {}).items() if v is not None}
-        )
-        return flat
+        return flat_config(self.settings, self.env, self.placement)
 
     def launch_config(self):
         """The whole launch config of this version on its deployment (hosts.engines.launch)."""
@@ -486,6 +479,21 @@ class EngineConfig(models.Model):
             runner=deployment.runner,
             simulator=dict(deployment.simulator or {}),
         )
+
+
+def flat_config(settings: dict, env: dict | None, placement: dict | None) -> dict:
+    """Settings, environment and placement as one mapping (``env.NAME``, ``placement.cpus``),
+    the shape every config diff is shown in."""
+    flat = dict(settings or {})
+    flat.update({f"env.{k}": v for k, v in (env or {}).items()})
+    flat.update({f"placement.{k}": v for k, v in (placement or {}).items() if v is not None})
+    return flat
+
+
+def flat_diff(old: dict, new: dict) -> dict[str, tuple]:
+    """``{key: (old value, new value)}`` for every key whose value differs, sorted."""
+    keys = sorted(set(old) | set(new))
+    return {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)}
 
 
 class HostCheck(BackgroundOperation):

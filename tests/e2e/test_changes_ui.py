@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from tests.e2e.test_benchmarks_ui import fail
 from tests.e2e.test_embedded_mode import browser, panel  # noqa: F401 - shared fixtures
 from tests.integration.processes import ROOT
 
@@ -58,16 +59,6 @@ def login(chromium, base, user, password):
     page.click("button[type=submit]")
     page.wait_for_url(base + "/")
     return page
-
-
-def fail(page, panel_process, what):
-    return AssertionError(
-        what
-        + ":\n"
-        + page.inner_text("main")[:3000]
-        + "\n--- panel log ---\n"
-        + panel_process.output()[-4000:]
-    )
 
 
 def test_propose_approve_apply_and_watch_the_timeline(panel, browser, tmp_path):  # noqa: F811
