@@ -467,6 +467,10 @@ class PointSink:
         if stale and time.monotonic() - self._last_poll > 2.0:
             self._last_poll = time.monotonic()
             poll_host(deployment.host)
+            if not gpu_ids:  # the poll may have just learned the host's GPUs
+                gpu_ids = list(
+                    Gpu.objects.filter(host_id=deployment.host_id).values_list("pk", flat=True)
+                )
             rows = list(Gpu.objects.filter(pk__in=gpu_ids).order_by("index"))
         now = timezone.now()
         out = []

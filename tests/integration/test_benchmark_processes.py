@@ -82,7 +82,15 @@ def test_worker_runs_a_benchmark_and_streams_it_over_redis(
     points = [e for e in events if e["type"] == "run.point"]
     statuses = [e["data"]["status"] for e in events if e["type"] == "run.status"]
     assert points and len(points) == stored  # every stored second was streamed live
-    assert points[-1]["data"]["completed"] == 60 and "gpus" in points[-1]["data"]
+    assert points[-1]["data"]["completed"] == 60
+    # Each second carries the readings of the agent's simulated H100, which the run fetched
+    # itself (no beat polls here): GPU 0, busy with the engine's memory reservation (an
+    # idle simulated GPU shows 0.25 GiB) and a utilisation the load drove above zero.
+    gpus = points[-1]["data"]["gpus"]
+    assert len(gpus) == 1 and gpus[0]["index"] == 0, gpus
+    assert isinstance(gpus[0]["utilization_pct"], int) and 0 <= gpus[0]["utilization_pct"] <= 100
+    assert gpus[0]["memory_used_gib"] > 1 and gpus[0]["power_w"] > 0, gpus
+    assert any(g["utilization_pct"] > 0 for p in points for g in p["data"]["gpus"]), points
     assert statuses[0] == "running" and statuses[-1] == "succeeded"
 
 
