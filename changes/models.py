@@ -54,6 +54,22 @@ STAMPS = {
 }
 
 
+class ChangeRequestQuerySet(models.QuerySet):
+    def with_approvals(self):
+        """Each change with ``approvals_now``: its approvals in the current round (made
+        against its base config; see ``current_approvals``), counted in the same query."""
+        return self.annotate(
+            approvals_now=models.Count(
+                "approvals",
+                filter=models.Q(approvals__decision=Decision.APPROVE)
+                & (
+                    models.Q(approvals__base_config_id=models.F("base_config_id"))
+                    | models.Q(approvals__base_config__isnull=True, base_config__isnull=True)
+                ),
+            )
+        )
+
+
 class ChangeRequest(models.Model):
     """A proposed change of one deployment's engine settings and its whole life: review,
     apply, verification and, when it went wrong, the rollback.
@@ -198,6 +214,8 @@ class ChangeRequest(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    objects = ChangeRequestQuerySet.as_manager()
+
     class Meta:
         ordering = ["-created_at", "-pk"]
         permissions = [("approve_changerequest", "Can approve or reject others' changes")]
@@ -275,12 +293,17 @@ class ChangeRequest(models.Model):
         base config."""
         return flat_diff(self.base_config.flat() if self.base_config else {}, self.proposed_flat())
 
+    @staticmethod
+    def stale_after() -> timedelta:
+        """How long a pipeline may stay silent before it counts as lost: three missed stamps
+        (CHANGE_HEARTBEAT_SECONDS each)."""
+        return timedelta(seconds=conf.CHANGE_HEARTBEAT_SECONDS * 3)
+
     def pipeline_alive(self) -> bool:
-        """A worker stamped this change recently (CHANGE_HEARTBEAT_SECONDS, three missed
-        stamps allowed): its pipeline runs, so nobody else may resume it."""
+        """A worker stamped this change recently: its pipeline runs, so nobody else may
+        resume it."""
         beat = self.pipeline_heartbeat_at
-        stale = timedelta(seconds=conf.CHANGE_HEARTBEAT_SECONDS * 3)
-        return bool(beat and timezone.now() - beat < stale)
+        return bool(beat and timezone.now() - beat < self.stale_after())
 
     def allowed_actions(self, user) -> set[str]:
         """What ``user`` may do with this change now, for the page's buttons; the services

@@ -612,17 +612,9 @@ def request_rollback(actor, change: ChangeRequest, reason: str) -> ChangeRequest
                 benchmark_runs.cancel_benchmark(actor, run)
             except benchmark_runs.RunRefused:
                 pass  # it just finished: the pipeline sees the flag next
-    if not pipeline_alive(change):
+    if not change.pipeline_alive():
         resume_change(actor, change, quiet=True)
     return change
-
-
-def pipeline_alive(change: ChangeRequest) -> bool:
-    return change.pipeline_alive()
-
-
-def stale_after() -> float:
-    return conf.CHANGE_HEARTBEAT_SECONDS * 3
 
 
 def resume_change(actor, change: ChangeRequest, *, quiet: bool = False) -> ChangeRequest:
@@ -636,7 +628,7 @@ def resume_change(actor, change: ChangeRequest, *, quiet: bool = False) -> Chang
             raise ChangeRefused(
                 f"Change #{change.pk} is {change.state_choice.label.lower()}: nothing to resume."
             )
-        if pipeline_alive(change):
+        if change.pipeline_alive():
             raise ChangeRefused(
                 f"The pipeline of change #{change.pk} is alive (last heartbeat "
                 f"{timezone.localtime(change.pipeline_heartbeat_at):%H:%M:%S}): it goes on."
@@ -657,7 +649,7 @@ def resume_lost_pipelines() -> list[ChangeRequest]:
     machine died and the broker has not redelivered yet) is resumed, so it reaches a known
     end without waiting for someone to notice. Pipelines that never started are left alone:
     their task may only be waiting for a free worker."""
-    cutoff = timezone.now() - timedelta(seconds=stale_after() + 60)
+    cutoff = timezone.now() - ChangeRequest.stale_after() - timedelta(seconds=60)
     lost = ChangeRequest.objects.filter(
         state__in=LOCK_STATES, pipeline_heartbeat_at__lt=cutoff
     ).select_related("deployment")
@@ -718,14 +710,15 @@ class Heartbeat:
 def claim(change_pk: int, owner: str, wait_s: float | None = None) -> ChangeRequest | None:
     """Take the change's pipeline for ``owner``. A claim whose heartbeat is fresh belongs to a
     live worker: wait (a redelivery right after a crash) up to ``wait_s``, then give up."""
-    wait_s = stale_after() + conf.CHANGE_HEARTBEAT_SECONDS if wait_s is None else wait_s
+    if wait_s is None:
+        wait_s = ChangeRequest.stale_after().total_seconds() + conf.CHANGE_HEARTBEAT_SECONDS
     deadline = time.monotonic() + wait_s
     while True:
         with transaction.atomic():
             change = ChangeRequest.objects.select_for_update().filter(pk=change_pk).first()
             if change is None or not change.holds_lock:
                 return None
-            if change.pipeline_owner in ("", owner) or not pipeline_alive(change):
+            if change.pipeline_owner in ("", owner) or not change.pipeline_alive():
                 change.pipeline_owner = owner
                 change.pipeline_heartbeat_at = timezone.now()
                 change.save(update_fields=["pipeline_owner", "pipeline_heartbeat_at"])

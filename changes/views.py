@@ -8,7 +8,6 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
 from django.core.paginator import Paginator
-from django.db.models import Count, F, Q
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.dateparse import parse_datetime
@@ -45,17 +44,9 @@ DETAIL_SELECT = (
 @permission_required("changes.view_changerequest", raise_exception=True)
 def change_list(request):
     form = ChangeFilterForm(request.GET)
-    changes = ChangeRequest.objects.select_related("deployment__host", "proposed_by").annotate(
-        approvals_now=Count(
-            "approvals",
-            # The current round: decisions made against the change's base (see the model).
-            filter=Q(approvals__decision=Decision.APPROVE)
-            & (
-                Q(approvals__base_config_id=F("base_config_id"))
-                | Q(approvals__base_config__isnull=True, base_config__isnull=True)
-            ),
-        )
-    )
+    changes = ChangeRequest.objects.select_related(
+        "deployment__host", "proposed_by"
+    ).with_approvals()
     if form.is_valid():
         changes = form.filter(changes)
     page = Paginator(changes.order_by("-created_at", "-pk"), PAGE_SIZE).get_page(
@@ -150,7 +141,7 @@ def _context(request, change: ChangeRequest) -> dict:
         "approved": sum(a.decision == Decision.APPROVE for a in current),
         "reviewed": any(a.reviewer_id == request.user.pk for a in current),
         "lock": services.lock_holder(change.deployment),
-        "alive": services.pipeline_alive(change),
+        "alive": change.pipeline_alive(),
         "comparison": change.comparison or None,
     }
 
