@@ -1,37 +1,29 @@
-"""Celery tasks of the benchmarks app. Each takes a primary key and records its outcome on
-the row; the time limit of a run is set per call from its profile (services.time_limit_for)."""
+"""Celery tasks of the benchmarks app. Each takes a primary key; ``controlpanel.jobs.run_job``
+loads the row and records a failure or a time limit on it. A run's limit is sent per call from
+its profile (``controlpanel.timelimits.benchmark``); the decorator's covers the longest run."""
 
 from celery import shared_task
-from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
 from benchmarks.models import BenchmarkRun
 from benchmarks.services import runs
+from controlpanel import timelimits
+from controlpanel.jobs import run_job
 
 
-@shared_task(
-    time_limit=int(settings.BENCHMARK_MAX_SECONDS) + 120,
-    soft_time_limit=int(settings.BENCHMARK_MAX_SECONDS) + 60,
-)
+@shared_task(**timelimits.benchmark(int(settings.BENCHMARK_MAX_SECONDS)).options())
 def run_benchmark(run_pk: int) -> None:
-    run = (
+    run_job(
         BenchmarkRun.objects.select_related(
             "deployment__host", "deployment__active_config", "engine_config", "load_profile"
-        )
-        .filter(pk=run_pk)
-        .first()
+        ),
+        run_pk,
+        runs.execute_run,
+        runs.fail_run,
+        what="the run",
     )
-    if run is None or run.is_finished:
-        return  # deleted, cancelled while queued, or a redelivery of a finished run
-    try:
-        runs.execute_run(run)
-    except SoftTimeLimitExceeded:
-        runs.fail_run(run, "the run ran out of time")
-    except Exception as exc:
-        runs.fail_run(run, f"{type(exc).__name__}: {exc}")
-        raise
 
 
-@shared_task(time_limit=120, soft_time_limit=100, ignore_result=True)
+@shared_task(ignore_result=True, **timelimits.FAIL_STALE_RUNS.options())
 def fail_stale_runs() -> int:
     return len(runs.fail_stale_runs())

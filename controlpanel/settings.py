@@ -15,6 +15,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from controlpanel import timelimits
 from controlpanel.env import (
     EnvError,
     env_bool,
@@ -297,20 +298,16 @@ BENCHMARK_READY_TIMEOUT = _env["BENCHMARK_READY_TIMEOUT"]
 # failed by the sweep: its worker is gone and no redelivery came to close it.
 BENCHMARK_STALE_SECONDS = _env["BENCHMARK_STALE_SECONDS"]
 SSH_REMOTE_DIR = _env["SSH_REMOTE_DIR"]
-# With late acks, Redis hands a task that is still unacknowledged after this many seconds to
-# another worker, even while the first still runs it: that copy would find its run "running"
-# and fail it. So it outlasts the longest task: a benchmark (hard limit BENCHMARK_MAX_SECONDS
-# + 120 s, benchmarks/tasks.py), an apply waiting twice for readiness (hosts/tasks.py), and a
-# change's pipeline, one task holding up to two of each (changes.services.
-# pipeline_time_limit; 4 h when called without one), plus a margin for the time a message
-# waits for a free worker. Erring long only delays Redis noticing a lost worker machine;
-# the stale-run sweep (below) closes such runs sooner.
-_BENCHMARK_TASK_LIMIT = BENCHMARK_MAX_SECONDS + 120
-_OPERATION_TASK_LIMIT = ENGINE_READY_TIMEOUT * 2 + 150
-_LONGEST_TASK = max(
-    2 * (_BENCHMARK_TASK_LIMIT + _OPERATION_TASK_LIMIT), 4 * 3600, CELERY_TASK_TIME_LIMIT
-)
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": int(_LONGEST_TASK + 1800)}
+# Redis must not hand a still-running task to a second worker: the visibility timeout outlasts
+# the longest task's hard limit (controlpanel/timelimits.py holds every task's limits).
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": timelimits.visibility_timeout(
+        benchmark_max=BENCHMARK_MAX_SECONDS,
+        ready_timeout=ENGINE_READY_TIMEOUT,
+        health_timeout=_env["CHANGE_HEALTH_TIMEOUT"],
+        default_hard=CELERY_TASK_TIME_LIMIT,
+    )
+}
 CELERY_BEAT_SCHEDULE["fail-stale-benchmarks"] = {
     "task": "benchmarks.tasks.fail_stale_runs",
     "schedule": 60.0,
