@@ -1,4 +1,8 @@
-"""ASGI entry point: HTTP through Django, WebSockets through Channels."""
+"""ASGI entry point: HTTP through Django, WebSockets through Channels.
+
+Project wiring: the one module of the base app that reaches up, to the top app's WebSocket
+routes (stated as an exception in the import-linter contracts of ``pyproject.toml``).
+"""
 
 import os
 
@@ -12,7 +16,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from controlpanel.routing import websocket_urlpatterns  # noqa: E402
+from home.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from datetime import datetime, time, timedelta
 
 from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import ObjectDoesNotExist
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.forms.models import model_to_dict
-from django.urls import NoReverseMatch, reverse
+from django.urls import NoReverseMatch
 from django.utils import timezone
 
 from controlpanel.models import AuditEntry
@@ -53,15 +54,6 @@ def audit(
 
 # --- Reading the audit log: filters, page rows, exports -------------------------------------
 
-# Pages of objects, by "app_label.model", built from the entry alone (content type + id), so a
-# page of entries needs no query per row. Only models with a get_absolute_url belong here; a
-# name that does not resolve (an app without that page yet) simply leaves the object unlinked.
-AUDIT_OBJECT_URLS = {
-    "hosts.host": "hosts:detail",
-    "benchmarks.benchmarkrun": "benchmarks:detail",
-    "benchmarks.loadprofile": "benchmarks:profile",
-    "changes.changerequest": "changes:detail",
-}
 AUDIT_EXPORT_COLUMNS = (
     "id",
     "created_at",
@@ -115,13 +107,19 @@ def _object_type(entry: AuditEntry) -> str:
 
 
 def audit_object_url(entry: AuditEntry) -> str | None:
-    """The page of the entry's object, or None (no page, or no object)."""
-    name = AUDIT_OBJECT_URLS.get(_object_type(entry))
-    if not name or not entry.object_id:
+    """The page of the entry's object, or None (no page, or no object).
+
+    The object's own ``get_absolute_url()``, called on a stand-in that carries only the stored
+    id, so the log knows no app's pages and a page of entries needs no query per row. A model
+    whose URL needs more than its pk raises here and stays unlinked.
+    """
+    ct = entry.content_type
+    model = ct.model_class() if ct else None
+    if model is None or not entry.object_id or not hasattr(model, "get_absolute_url"):
         return None
     try:
-        return reverse(name, args=[entry.object_id])
-    except NoReverseMatch:
+        return model(pk=entry.object_id).get_absolute_url()
+    except (NoReverseMatch, ObjectDoesNotExist):
         return None
 
 

@@ -157,10 +157,13 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "channels",
+    # The project's apps, bottom layer first; each imports only those listed before it
+    # (import-linter contracts in pyproject.toml).
     "controlpanel",
     "hosts",
     "benchmarks",
     "changes",
+    "home",
 ]
 
 MIDDLEWARE = [

@@ -23,7 +23,7 @@ from benchmarks.models import BenchmarkRun, RunPoint, RunRequestLog
 from benchmarks.services import runs as services
 from controlpanel.models import AuditEntry
 from controlpanel.realtime import group_name, publish
-from controlpanel.routing import websocket_urlpatterns
+from home.routing import websocket_urlpatterns
 from hosts.models import EngineOperation
 from tests.factories import (
     make_config,

@@ -15,7 +15,7 @@ from django.contrib.auth.models import AnonymousUser
 
 from changes import notify, services
 from controlpanel.models import AuditEntry
-from controlpanel.routing import websocket_urlpatterns
+from home.routing import websocket_urlpatterns
 from tests.factories import make_config, make_deployment, make_host
 
 

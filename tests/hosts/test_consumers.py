@@ -9,7 +9,7 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 
 from controlpanel.realtime import publish
-from controlpanel.routing import websocket_urlpatterns
+from home.routing import websocket_urlpatterns
 from tests.factories import make_host
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -8,7 +8,7 @@ import sys
 import pytest
 from channels.testing import WebsocketCommunicator
 
-from controlpanel.routing import websocket_urlpatterns
+from home.routing import websocket_urlpatterns
 from tests.factories import make_host
 from tests.integration.processes import ROOT
 

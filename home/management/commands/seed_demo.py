@@ -18,6 +18,7 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from benchmarks.services.profiles import ensure_builtin_profiles
+from controlpanel.env import env_secret
 from hosts import demo
 from hosts.choices import DeploymentStatus, Runner, TransportKind
 from hosts.models import Deployment, EngineConfig, Host
@@ -56,51 +57,58 @@ class Command(BaseCommand):
 
     def _fleet(self):
         for index, spec in enumerate(demo.FLEET):
-            token = demo.token_for(settings.VAR_DIR, spec)
-            host, created = Host.objects.get_or_create(
-                name=spec.name,
-                defaults=dict(
-                    address="127.0.0.1",
-                    transport=TransportKind.AGENT,
-                    port=demo.agent_port(index),
-                    hourly_price=Decimal(spec.price),
-                    labels={"zone": "lab", "simulated": "yes"},
-                    description="Simulated GPU server of the demo fleet (a local host agent).",
-                ),
-            )
-            if host.labels.get("simulated") == "yes":
-                host.transport = TransportKind.AGENT
-                host.port = demo.agent_port(index)
-                host.agent_token = token
-                host.save(update_fields=["transport", "port", "agent_token"])
-            if host.deployments.filter(name=spec.deployment).exists():
-                continue
-            deployment = Deployment.objects.create(
-                host=host,
-                name=spec.deployment,
-                engine=spec.engine,
-                engine_version=spec.engine_version,
-                model=spec.model,
-                port=demo.engine_port(index),
-                runner=Runner.SIMULATOR,
-                simulator={"gpu": spec.gpu_key, "num_gpus": spec.gpus, "startup_seconds": 3},
-                status=DeploymentStatus.UNKNOWN,
-            )
-            for number, engine_settings in enumerate(spec.versions, start=1):
-                config = EngineConfig.objects.create_next(
-                    deployment,
-                    engine_settings,
-                    note="demo: initial settings" if number == 1 else "demo: larger batches",
-                )
-            deployment.active_config = config
-            deployment.save(update_fields=["active_config"])
+            host = self._host(index, spec)
+            if not host.deployments.filter(name=spec.deployment).exists():
+                self._deployment(host, index, spec)
         ensure_builtin_profiles()
+
+    def _host(self, index: int, spec: demo.DemoHost) -> Host:
+        """The demo host, created once; a simulated one is re-pointed at its local agent."""
+        token = demo.token_for(settings.VAR_DIR, spec)  # made now, for the agent to read
+        host, created = Host.objects.get_or_create(
+            name=spec.name,
+            defaults=dict(
+                address="127.0.0.1",
+                transport=TransportKind.AGENT,
+                port=demo.agent_port(index),
+                hourly_price=Decimal(spec.price),
+                labels={"zone": "lab", "simulated": "yes"},
+                description="Simulated GPU server of the demo fleet (a local host agent).",
+            ),
+        )
+        if host.labels.get("simulated") == "yes":
+            host.transport = TransportKind.AGENT
+            host.port = demo.agent_port(index)
+            host.agent_token = token
+            host.save(update_fields=["transport", "port", "agent_token"])
+        return host
+
+    def _deployment(self, host: Host, index: int, spec: demo.DemoHost) -> Deployment:
+        """The demo deployment with its config history, the last version active."""
+        deployment = Deployment.objects.create(
+            host=host,
+            name=spec.deployment,
+            engine=spec.engine,
+            engine_version=spec.engine_version,
+            model=spec.model,
+            port=demo.engine_port(index),
+            runner=Runner.SIMULATOR,
+            simulator={"gpu": spec.gpu_key, "num_gpus": spec.gpus, "startup_seconds": 3},
+            status=DeploymentStatus.UNKNOWN,
+        )
+        for number, engine_settings in enumerate(spec.versions, start=1):
+            config = EngineConfig.objects.create_next(
+                deployment,
+                engine_settings,
+                note="demo: initial settings" if number == 1 else "demo: larger batches",
+            )
+        deployment.active_config = config
+        deployment.save(update_fields=["active_config"])
+        return deployment
 
 
 def demo_password() -> str:
     """DEMO_PASSWORD, or one generated at first start and kept in var/ (mode 0600)."""
-    from controlpanel.env import env_secret
-
     configured = env_secret("DEMO_PASSWORD")
     if configured:
         return configured

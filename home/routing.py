@@ -1,4 +1,4 @@
-"""WebSocket routes of every app, wired together here (the one place allowed to import upward)."""
+"""WebSocket routes of every app, wired in the top app (the ASGI entry point reads them)."""
 
 from django.urls import path
 

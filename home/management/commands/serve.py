@@ -7,6 +7,10 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from controlpanel.celery import app
+from controlpanel.embedded import EmbeddedRuntime
+from hosts.demo import DemoFleet, bring_up
+
 
 class Command(BaseCommand):
     help = (
@@ -38,30 +42,37 @@ class Command(BaseCommand):
 
         runtime = fleet = None
         if settings.EMBEDDED and not no_worker:
-            from controlpanel.celery import app
-            from controlpanel.embedded import EmbeddedRuntime
-
             runtime = EmbeddedRuntime(app, concurrency=settings.EMBEDDED_WORKER_CONCURRENCY)
             runtime.start()
             if demo and demo_fleet:
-                from hosts.demo import DemoFleet, bring_up
-
-                fleet = DemoFleet(settings.VAR_DIR)
-                try:
-                    fleet.start()
-                except RuntimeError as exc:
-                    fleet.stop()
-                    runtime.stop()
-                    raise CommandError(str(exc)) from None
-                bring_up()
-                self.stdout.write(
-                    f"Demo fleet: {len(fleet.procs)} local agents with simulated GPUs."
-                )
+                fleet = self._start_demo_fleet(runtime)
         elif not settings.EMBEDDED:
             self.stdout.write("Production mode: run `celery -A controlpanel worker` and `beat`.")
 
         self.stdout.write(self.style.SUCCESS(f"Control panel on http://{host}:{port}/"))
         self.stdout.flush()
+        try:
+            self._serve(host, port)
+        finally:
+            if fleet is not None:
+                fleet.stop()
+            if runtime is not None:
+                runtime.stop()
+
+    def _start_demo_fleet(self, runtime: EmbeddedRuntime) -> DemoFleet:
+        """The demo's local agents, brought up; on failure everything started is stopped."""
+        fleet = DemoFleet(settings.VAR_DIR)
+        try:
+            fleet.start()
+        except RuntimeError as exc:
+            fleet.stop()
+            runtime.stop()
+            raise CommandError(str(exc)) from None
+        bring_up()
+        self.stdout.write(f"Demo fleet: {len(fleet.procs)} local agents with simulated GPUs.")
+        return fleet
+
+    def _serve(self, host: str, port: int) -> None:
         try:
             # One process: the in-memory broker and channel layer cannot span several.
             uvicorn.run(
@@ -75,8 +86,3 @@ class Command(BaseCommand):
             )
         except SystemExit as exc:
             raise CommandError(f"uvicorn stopped: {exc}") from None
-        finally:
-            if fleet is not None:
-                fleet.stop()
-            if runtime is not None:
-                runtime.stop()

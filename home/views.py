@@ -1,0 +1,60 @@
+"""The home dashboard: the fleet, its deployments and the latest runs, checks and audit."""
+
+from decimal import Decimal
+
+from django.contrib.auth.decorators import permission_required
+from django.db.models import Count, Sum
+from django.shortcuts import render
+
+from benchmarks.models import BenchmarkRun
+from controlpanel.models import AuditEntry
+from hosts.models import Deployment, Gpu, Host, HostCheck
+
+
+def _memory_chart(hosts: list[Host]) -> dict:
+    """Stacked bars of GPU memory in use and free per host (GiB), from the GPUs' last sample."""
+    gpu_memory = dict(
+        Gpu.objects.values_list("host__name").annotate(total=Sum("memory_bytes")).order_by()
+    )
+    used = {}
+    for name, sample in Gpu.objects.values_list("host__name", "last_sample"):
+        used[name] = used.get(name, 0) + ((sample or {}).get("memory_used_bytes") or 0)
+    names = [h.name for h in hosts]
+    return {
+        "data": [
+            {
+                "type": "bar",
+                "x": names,
+                "y": [round(used.get(n, 0) / 2**30, 1) for n in names],
+                "name": "in use",
+            },
+            {
+                "type": "bar",
+                "x": names,
+                "y": [round((gpu_memory.get(n, 0) - used.get(n, 0)) / 2**30, 1) for n in names],
+                "name": "free",
+            },
+        ],
+        "layout": {
+            "barmode": "stack",
+            "margin": {"t": 10, "b": 40, "l": 50, "r": 10},
+            "height": 240,
+            "yaxis": {"title": {"text": "GPU memory (GiB)"}},
+        },
+    }
+
+
+@permission_required("hosts.view_host", raise_exception=True)
+def dashboard(request):
+    hosts = list(Host.objects.annotate(gpu_count=Count("gpus")))
+    context = {
+        "host_count": len(hosts),
+        "gpu_count": sum(h.gpu_count for h in hosts),
+        "fleet_hourly": sum((h.hourly_price for h in hosts), Decimal("0")),
+        "deployments": Deployment.objects.select_related("host", "active_config"),
+        "recent_runs": BenchmarkRun.objects.select_related("deployment__host", "load_profile")[:5],
+        "recent_checks": HostCheck.objects.select_related("host")[:5],
+        "recent_audit": AuditEntry.objects.all()[:8],
+        "chart": _memory_chart(hosts),
+    }
+    return render(request, "home/dashboard.html", context)
