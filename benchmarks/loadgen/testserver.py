@@ -25,6 +25,16 @@ MODES = ("ok", "no_usage", "malformed", "no_done", "error_500", "hang", "close",
 MAX_HEAD = 64 * 1024
 
 
+async def sleep_until(deadline: float) -> None:
+    """Return no earlier than ``deadline`` (``CLOCK`` time). One ``asyncio.sleep`` is not
+    enough under uvloop: libuv rounds timers to whole milliseconds of a loop time cached at the
+    start of the iteration, so a sleep can end a millisecond or more early (more when the
+    process was descheduled), and a token sent early makes a client's TTFT look shorter than
+    the server's delay. Sleeping again for what is left keeps the ruler exact."""
+    while (left := deadline - CLOCK()) > 0:
+        await asyncio.sleep(left)
+
+
 class _Connection:
     """One client connection on a non-blocking socket: requests in, bytes out (buffered only
     when the socket is full)."""
@@ -259,9 +269,7 @@ class FixedLatencyServer:
         kind = "chat.completion.chunk" if chat else "text_completion"
         chunk, last_chunk = self._chunks(kind, chat)
         for k in range(tokens):
-            delay = arrived + self.ttft + k * self.itl - CLOCK()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            await sleep_until(arrived + self.ttft + k * self.itl)
             if conn.closed:
                 return False
             if self.mode == "malformed" and k == 1:

@@ -65,10 +65,27 @@ def recv_stamped(sock: socket.socket, buffers: list) -> tuple[int, float]:
     now = CLOCK()
     if not ancillary:
         return size, now
-    # CLOCK_REALTIME from the kernel, moved onto the monotonic clock through the two clocks'
-    # offset read right now; never later than now.
+    # CLOCK_REALTIME from the kernel, moved onto the monotonic clock; never later than now.
     seconds, nanos = _TIMESPEC.unpack_from(ancillary[0][2])
-    return size, min(now, seconds + nanos * 1e-9 - (time.time() - now))
+    return size, min(now, seconds + nanos * 1e-9 - _wall_offset())
+
+
+def _wall_offset() -> float:
+    """``time.time() - CLOCK()`` at one instant, erring towards the smaller value (so that a
+    converted stamp errs late, never before the bytes arrived). The two clocks cannot be read
+    at once: a thread preempted between two reads (milliseconds on a busy machine) would move
+    the stamp that much earlier, and a TTFT would come out shorter than the server's delay.
+    The wall reading is bracketed by two ``CLOCK`` reads, retaken while the bracket is wide."""
+    best = None
+    for _ in range(3):
+        before = CLOCK()
+        wall = time.time()
+        after = CLOCK()
+        if best is None or after - before < best[0]:
+            best = (after - before, wall - after)
+        if after - before < 20e-6:
+            break
+    return best[1]
 
 
 class _Connection:
