@@ -29,9 +29,10 @@ run: $(STAMP) ## Run the panel (embedded: SQLite, in-process worker, demo fleet)
 test: $(STAMP) ## Run the whole suite: unit tests on SQLite, then everything on PostgreSQL + Redis
 	$(PY) scripts/run_tests.py
 
-lint: $(STAMP) ## ruff check + format check
+lint: $(STAMP) ## ruff check + format check + import layers (import-linter)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 format: $(STAMP) ## Format the code with ruff
 	$(VENV)/bin/ruff check --fix .
