@@ -1,4 +1,19 @@
-"""Shared fixtures: persona users, service availability, free ports."""
+"""Shared fixtures: persona users, service availability, free ports.
+
+How a test says what it needs (the only way; `--strict-markers` rejects unknown marks):
+
+- Nothing: a unit test. It runs in both passes of `make test` (scripts/run_tests.py): on
+  SQLite, then again on PostgreSQL.
+- ``pytestmark = pytest.mark.integration`` at the top of the module: it starts real services
+  or processes (PostgreSQL, Redis, Celery, OpenSSH, host agents, simulators) and runs only in
+  the second pass. Every module of tests/integration/, tests/hosts/agent/ and
+  tests/hosts/transport/ carries it, and so does any other module that needs them.
+- ``pytestmark = pytest.mark.e2e`` at the top of the module (tests/e2e/): it drives a real
+  headless Chromium against a real server; second pass only.
+
+Whole modules, never single tests, and no collection hooks: what a module needs is read at its
+top. A test that needs a missing service skips with the reason (fails under CI=true): `need`.
+"""
 
 from __future__ import annotations
 

@@ -170,12 +170,3 @@ def self_signed(tmp_path):
     )
     key_path.chmod(0o600)
     return cert_path, key_path
-
-
-def pytest_collection_modifyitems(config, items):
-    # Real processes (sshd, agents, simulators) and no database: one pass of `make test` is
-    # enough, the one that runs the integration tests.
-    here = Path(__file__).parent
-    for item in items:
-        if Path(item.fspath).is_relative_to(here):
-            item.add_marker(pytest.mark.integration)

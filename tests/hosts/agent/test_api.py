@@ -11,6 +11,8 @@ import pytest
 
 from tests.hosts.agent.conftest import ROOT, self_signed
 
+pytestmark = pytest.mark.integration
+
 
 def test_token_auth(start_agent):
     agent = start_agent()

@@ -15,6 +15,8 @@ from hosts.engines.launch import LaunchConfig
 from tests.conftest import free_port
 from tests.hosts.agent.conftest import LLAMA, wait_operation
 
+pytestmark = pytest.mark.integration
+
 NO_CACHE_MEMORY = "ValueError: No available memory for the cache blocks"
 
 

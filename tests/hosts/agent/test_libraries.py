@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.hosts.agent.packages import FAKE, expected, fake_site
+
+pytestmark = pytest.mark.integration
 
 
 def test_info_reports_the_library_versions_of_its_interpreter(start_agent, tmp_path, monkeypatch):

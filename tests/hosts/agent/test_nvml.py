@@ -16,6 +16,8 @@ from hosts.agent.nvml import (
     decode_reasons,
 )
 
+pytestmark = pytest.mark.integration
+
 MIB = 2**20
 
 

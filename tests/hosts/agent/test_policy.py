@@ -15,6 +15,8 @@ from hosts.agent.policy import (
     mask_argv,
 )
 
+pytestmark = pytest.mark.integration
+
 SIM = [sys.executable, "-m", "hosts.simulator", "vllm", "org/model", "--port", "8001"]
 needs_wrappers = pytest.mark.skipif(
     not (shutil.which("numactl") and shutil.which("taskset")), reason="numactl/taskset missing"

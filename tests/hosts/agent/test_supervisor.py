@@ -7,8 +7,11 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from hosts.agent.supervisor import error_line, stop_group
+
+pytestmark = pytest.mark.integration
 
 STUBBORN = (
     "import signal, subprocess, sys, time\n"

@@ -121,12 +121,3 @@ def make_ssh(tmp_path, sshd, ssh_keys):
                         transport.stop_engine(engine.name)
         transport.close()
         _kill_leftovers(remote_dir)
-
-
-def pytest_collection_modifyitems(config, items):
-    # Real processes (sshd, agents, simulators) and no database: one pass of `make test` is
-    # enough, the one that runs the integration tests.
-    here = Path(__file__).parent
-    for item in items:
-        if Path(item.fspath).is_relative_to(here):
-            item.add_marker(pytest.mark.integration)

@@ -21,6 +21,8 @@ from tests.conftest import free_port
 from tests.hosts.agent.conftest import self_signed
 from tests.integration.processes import Process
 
+pytestmark = pytest.mark.integration
+
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 NO_KV_MEMORY = "No available memory for the cache blocks"
 

@@ -9,6 +9,8 @@ import pytest
 
 from hosts.transport import nvidia_smi, procfs
 
+pytestmark = pytest.mark.integration
+
 DATA = Path(__file__).parent / "data"
 GIB = 1024**3
 

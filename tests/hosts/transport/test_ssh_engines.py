@@ -21,6 +21,8 @@ from hosts.transport.ssh import SshTransport
 from tests.conftest import free_port
 from tests.integration.processes import ROOT
 
+pytestmark = pytest.mark.integration
+
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 NO_KV_MEMORY = "No available memory for the cache blocks"
 

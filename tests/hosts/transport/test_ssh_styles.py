@@ -26,6 +26,8 @@ from hosts.engines.launch import LaunchConfig, render_docker, render_systemd
 from hosts.transport.base import TransportError
 from tests.conftest import free_port
 
+pytestmark = pytest.mark.integration
+
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 JOURNAL = [
     "INFO 12-02 18:21:50 [api_server.py:1896] vLLM API server version 0.11.0",

@@ -17,6 +17,8 @@ from tests.conftest import free_port
 from tests.hosts.transport.conftest import PASSPHRASE
 from tests.hosts.transport.sshd import fingerprint
 
+pytestmark = pytest.mark.integration
+
 
 def pub(path):
     return path.with_name(path.name + ".pub")
