@@ -8,8 +8,8 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 
 from benchmarks.models import BenchmarkRun, LoadProfile
-from changes import services
 from changes.choices import ChangeState
+from changes.services import facts
 from controlpanel.choices import OperationStatus
 from hosts.engines import get_spec
 from hosts.engines.flags import EngineArgError, Flag
@@ -184,7 +184,7 @@ class ProposeForm(forms.Form):
         self.running = dict(running.settings) if running else {}
         self.version_problem = ""
         try:
-            flags = services.spec_flags(deployment)
+            flags = facts.spec_flags(deployment)
         except EngineArgError as exc:
             # An unreadable engine version: show the newest release's flags and say why (the
             # service refuses the proposal with the same words).

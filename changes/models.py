@@ -15,6 +15,7 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+from changes import rules
 from changes.choices import (
     LOCK_STATES,
     REVIEW_STATES,
@@ -218,7 +219,11 @@ class ChangeRequest(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-pk"]
-        permissions = [("approve_changerequest", "Can approve or reject others' changes")]
+        permissions = [
+            ("approve_changerequest", "Can approve or reject others' changes"),
+            ("apply_changerequest", "Can apply, rebase, roll back and resume changes"),
+            ("override_changerequest", "Can submit or withdraw others' changes"),
+        ]
         constraints = [
             # The deployment's lock: one change applying or verifying at a time.
             models.UniqueConstraint(
@@ -243,16 +248,24 @@ class ChangeRequest(models.Model):
     def can_become(self, state: ChangeState) -> bool:
         return ChangeState(state) in TRANSITIONS[self.state_choice]
 
+    def transition_problem(self, state: ChangeState) -> str | None:
+        """None when the state machine allows becoming ``state``, else why not."""
+        state = ChangeState(state)
+        if self.can_become(state):
+            return None
+        allowed = ", ".join(sorted(s.label.lower() for s in TRANSITIONS[self.state_choice]))
+        return (
+            f"Change #{self.pk} is {self.state_choice.label.lower()}: it cannot become "
+            f"{state.label.lower()} (from here: {allowed or 'nothing, it is finished'})."
+        )
+
     def transition_to(self, state: ChangeState) -> ChangeState:
         """Move to ``state`` if the state machine allows it, stamping its time; saves the row
         and returns the state it left. The caller holds the row lock and writes the audit."""
         state = ChangeState(state)
-        if not self.can_become(state):
-            allowed = ", ".join(sorted(s.label.lower() for s in TRANSITIONS[self.state_choice]))
-            raise InvalidTransition(
-                f"Change #{self.pk} is {self.state_choice.label.lower()}: it cannot become "
-                f"{state.label.lower()} (from here: {allowed or 'nothing, it is finished'})."
-            )
+        problem = self.transition_problem(state)
+        if problem:
+            raise InvalidTransition(problem)
         before = self.state_choice
         self.state = state
         fields = ["state", "updated_at"]
@@ -306,32 +319,9 @@ class ChangeRequest(models.Model):
         return bool(beat and timezone.now() - beat < self.stale_after())
 
     def allowed_actions(self, user) -> set[str]:
-        """What ``user`` may do with this change now, for the page's buttons; the services
-        check every rule again under a row lock when the action comes."""
-        state = self.state_choice
-        proposer = user.pk == self.proposed_by_id
-        admin = user.has_perm("changes.delete_changerequest")
-        operator = user.has_perm("changes.change_changerequest")
-        stale = self.is_stale()
-        out = set()
-        if user.has_perm("changes.add_changerequest"):
-            out.add("comment")
-        if state == S.DRAFT and (proposer or admin) and not stale:
-            out.add("submit")
-        if state == S.PENDING and not proposer and not stale:
-            if user.has_perm("changes.approve_changerequest"):
-                out |= {"approve", "reject"}
-        if self.in_review and (proposer or admin):
-            out.add("withdraw")
-        if stale and (proposer or operator):
-            out.add("rebase")
-        if state == S.APPROVED and operator and not stale:
-            out.add("apply")
-        if self.holds_lock and operator:
-            out.add("rollback")
-            if not self.pipeline_alive():
-                out.add("resume")
-        return out
+        """What ``user`` may do with this change now, for the page's buttons (``rules``; the
+        services check the same rules again under a row lock when the action comes)."""
+        return rules.allowed_actions(user, self)
 
     def in_window(self, now=None) -> bool:
         now = now or timezone.now()

@@ -19,6 +19,7 @@ from django.db.models import Q
 
 from changes.choices import ChangeState
 from changes.models import ChangeRequest
+from changes.services.timeline import record
 
 log = logging.getLogger(__name__)
 S = ChangeState
@@ -79,8 +80,6 @@ def message(change: ChangeRequest, state: ChangeState) -> tuple[str, str]:
 
 def send(change_pk: int, state: str) -> dict:
     """Send both kinds for ``state`` and record the result on the change's timeline."""
-    from changes.services import record
-
     change = (
         ChangeRequest.objects.select_related(
             "deployment__host", "proposed_by", "applied_by", "base_config"

@@ -1,31 +1,36 @@
-"""Celery tasks of the changes app. Each takes a primary key; what happens is recorded on the
-change (its timeline) so a lost worker never leaves a change without a word."""
+"""Celery tasks of the changes app. Each takes a primary key; ``controlpanel.jobs.run_job``
+records a failure or a time limit on the change (its timeline), so a lost or broken worker
+never leaves a change applying without a word."""
 
 from celery import shared_task
-from celery.exceptions import SoftTimeLimitExceeded
 
-from changes import notify, services
+from changes import notify
+from changes.models import ChangeRequest
+from changes.services import pipeline
+from controlpanel import timelimits
+from controlpanel.jobs import run_job
 
 
-# The time limit is set per call from the change (services.pipeline_time_limit); this default
-# only covers a call made without one.
-@shared_task(bind=True, time_limit=4 * 3600, soft_time_limit=4 * 3600 - 60)
+# The limit is sent per call from the change (pipeline.time_limit); this default only covers
+# a call made without one.
+@shared_task(bind=True, **timelimits.DEFAULT_PIPELINE.options())
 def apply_change(self, change_pk: int) -> None:
     owner = f"{self.request.id or 'inline'}"
-    try:
-        services.run_pipeline(change_pk, owner)
-    except SoftTimeLimitExceeded:
-        services.abandon(change_pk, "the apply pipeline ran out of time")
-    except Exception as exc:
-        services.abandon(change_pk, f"{type(exc).__name__}: {exc}")
-        raise
+    run_job(
+        ChangeRequest.objects.all(),
+        change_pk,
+        lambda change: pipeline.run_pipeline(change.pk, owner),
+        lambda change, error: pipeline.abandon(change.pk, error),
+        what="the apply pipeline",
+        finished=lambda change: not change.holds_lock,
+    )
 
 
-@shared_task(time_limit=60, soft_time_limit=50, ignore_result=True)
+@shared_task(ignore_result=True, **timelimits.NOTIFY_CHANGE.options())
 def notify_change(change_pk: int, state: str) -> None:
     notify.send(change_pk, state)
 
 
-@shared_task(time_limit=60, soft_time_limit=50, ignore_result=True)
+@shared_task(ignore_result=True, **timelimits.RESUME_LOST_PIPELINES.options())
 def resume_lost_pipelines() -> int:
-    return len(services.resume_lost_pipelines())
+    return len(pipeline.resume_lost_pipelines())

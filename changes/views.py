@@ -1,7 +1,7 @@
 """Pages of the changes app: the list with the deployments' locks, proposing a change (with a
 live preview), one change with its live timeline and actions, and a deployment's config
-history with rollback proposals. The rules live in ``changes.services``: a view checks access,
-calls one verb and says what happened."""
+history with rollback proposals. Who may do what lives in ``changes.rules``, the verbs in
+``changes.services``: a view checks access, calls one verb and says what happened."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 
-from changes import services
 from changes.choices import LOCK_STATES, ChangeKind, Decision
 from changes.forms import ChangeFilterForm, CommentForm, ProposeForm, RollbackForm
 from changes.models import ChangeRequest
-from changes.services import ChangeRefused
+from changes.rules import APPLY, ChangeRefused
+from changes.services import apply, facts, review, timeline
 from hosts.models import Deployment, EngineConfig
 
 PAGE_SIZE = 25
@@ -78,7 +78,7 @@ def change_new(request):
     form = ProposeForm(deployment, request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            change = services.propose_change(
+            change = review.propose_change(
                 request.user,
                 deployment,
                 submit=request.POST.get("action") != "draft",
@@ -104,8 +104,8 @@ def change_preview(request):
     context = {"problems": form.flag_errors(), "facts": None}
     if not context["problems"]:
         try:
-            proposal = services.validate_proposal(deployment, form.settings(), *form.carried())
-            context["facts"] = services.review_facts(
+            proposal = facts.validate_proposal(deployment, form.settings(), *form.carried())
+            context["facts"] = facts.review_facts(
                 deployment,
                 deployment.active_config,
                 proposal,
@@ -122,7 +122,7 @@ def _change(pk) -> ChangeRequest:
 
 
 def _timeline(change: ChangeRequest) -> list[dict]:
-    items = services.timeline(change)
+    items = timeline.timeline(change)
     for item in items:
         item["when"] = parse_datetime(item["at"])
     return items
@@ -140,7 +140,7 @@ def _context(request, change: ChangeRequest) -> dict:
         "approvals": approvals,
         "approved": sum(a.decision == Decision.APPROVE for a in current),
         "reviewed": any(a.reviewer_id == request.user.pk for a in current),
-        "lock": services.lock_holder(change.deployment),
+        "lock": apply.lock_holder(change.deployment),
         "alive": change.pipeline_alive(),
         "comparison": change.comparison or None,
     }
@@ -172,7 +172,7 @@ def change_timeline(request, pk):
             "state": state.value,
             "label": state.label,
             "colour": state.colour,
-            "items": services.timeline(change),
+            "items": timeline.timeline(change),
         }
     )
 
@@ -197,59 +197,55 @@ def _act(request, pk, verb, done: str, *, text: str | None = None):
 @require_POST
 @permission_required("changes.add_changerequest", raise_exception=True)
 def change_submit(request, pk):
-    return _act(request, pk, services.submit_change, "Change #{pk} submitted for review.")
+    return _act(request, pk, review.submit_change, "Change #{pk} submitted for review.")
 
 
 @require_POST
 @permission_required("changes.approve_changerequest", raise_exception=True)
 def change_approve(request, pk):
-    return _act(request, pk, services.approve_change, "You approved change #{pk}.", text="")
+    return _act(request, pk, review.approve_change, "You approved change #{pk}.", text="")
 
 
 @require_POST
 @permission_required("changes.approve_changerequest", raise_exception=True)
 def change_reject(request, pk):
-    return _act(request, pk, services.reject_change, "You rejected change #{pk}.", text="")
+    return _act(request, pk, review.reject_change, "You rejected change #{pk}.", text="")
 
 
 @require_POST
 @permission_required("changes.add_changerequest", raise_exception=True)
 def change_withdraw(request, pk):
-    return _act(request, pk, services.withdraw_change, "Change #{pk} withdrawn.", text="")
+    return _act(request, pk, review.withdraw_change, "Change #{pk} withdrawn.", text="")
 
 
 @require_POST
 @permission_required("changes.add_changerequest", raise_exception=True)
 def change_comment(request, pk):
-    return _act(request, pk, services.comment_on_change, "Comment added.", text="")
+    return _act(request, pk, review.comment_on_change, "Comment added.", text="")
 
 
 @require_POST
 @permission_required("changes.add_changerequest", raise_exception=True)
 def change_rebase(request, pk):
-    return _act(
-        request, pk, services.rebase_change, "Change #{pk} rebased: it needs a review again."
-    )
+    return _act(request, pk, review.rebase_change, "Change #{pk} rebased: it needs a review again.")
 
 
 @require_POST
-@permission_required("changes.change_changerequest", raise_exception=True)
+@permission_required(APPLY, raise_exception=True)
 def change_apply(request, pk):
-    return _act(request, pk, services.apply_change, "Change #{pk} is being applied.")
+    return _act(request, pk, apply.apply_change, "Change #{pk} is being applied.")
 
 
 @require_POST
-@permission_required("changes.change_changerequest", raise_exception=True)
+@permission_required(APPLY, raise_exception=True)
 def change_resume(request, pk):
-    return _act(request, pk, services.resume_change, "The pipeline of change #{pk} resumed.")
+    return _act(request, pk, apply.resume_change, "The pipeline of change #{pk} resumed.")
 
 
 @require_POST
-@permission_required("changes.change_changerequest", raise_exception=True)
+@permission_required(APPLY, raise_exception=True)
 def change_rollback(request, pk):
-    return _act(
-        request, pk, services.request_rollback, "Rollback of change #{pk} requested.", text=""
-    )
+    return _act(request, pk, apply.request_rollback, "Rollback of change #{pk} requested.", text="")
 
 
 # --- config history ----------------------------------------------------------------------------
@@ -317,7 +313,7 @@ def propose_rollback(request, pk):
         messages.error(request, "Say why you propose this rollback.")
         return redirect("changes:configs", target.deployment_id)
     try:
-        change = services.propose_rollback(
+        change = review.propose_rollback(
             request.user, target, rationale=form.cleaned_data["rationale"]
         )
     except ChangeRefused as exc:

@@ -45,6 +45,7 @@ OPERATOR = Role(
         ("benchmarks", "change_benchmarkrun"),
         ("changes", "add_changerequest"),
         ("changes", "change_changerequest"),
+        ("changes", "apply_changerequest"),
     ),
 )
 APPROVER = Role(
@@ -58,7 +59,7 @@ ADMIN = Role(
     "Everything, including deleting objects, accepting SSH host keys and managing users.",
     ("view", "add", "change", "delete"),
     extra=APPROVER.extra
-    + (("hosts", "accept_host_key"),)
+    + (("hosts", "accept_host_key"), ("changes", "override_changerequest"))
     + tuple(
         ("auth", f"{verb}_{model}")
         for verb in ("view", "add", "change", "delete")

@@ -13,7 +13,8 @@ import pytest
 from channels.routing import URLRouter
 from django.contrib.auth.models import AnonymousUser
 
-from changes import notify, services
+from changes import notify
+from changes.services import review
 from controlpanel.models import AuditEntry
 from home.routing import websocket_urlpatterns
 from tests.factories import make_config, make_deployment, make_host
@@ -28,7 +29,7 @@ def deployment(db):
 
 
 def propose(actor, deployment, **kw):
-    return services.propose_change(
+    return review.propose_change(
         actor,
         deployment,
         title="More sequences",
@@ -65,9 +66,10 @@ def webhook():
 def worker_sends():
     """What the worker does with notify_change: send at once (no broker in unit tests)."""
     with mock.patch(
-        "changes.tasks.notify_change.delay", side_effect=lambda pk, state: notify.send(pk, state)
-    ) as delay:
-        yield delay
+        "changes.tasks.notify_change.apply_async",
+        side_effect=lambda args, **options: notify.send(*args),
+    ) as sent:
+        yield sent
 
 
 @pytest.mark.django_db
@@ -107,15 +109,15 @@ def test_proposal_decision_and_result_are_notified(
     assert body["text"].startswith(f"[LLM panel] Change #{change.pk} needs review")
 
     with django_capture_on_commit_callbacks(execute=True):
-        services.reject_change(approver, change, "measure ITL first")
+        review.reject_change(approver, change, "measure ITL first")
     decided = mailoutbox[-1]
     assert decided.subject.endswith("was rejected: More sequences")
     assert sorted(decided.to) == ["llm-ops@example.com", "otto@example.com"]
     assert "anna-approver rejected: measure ITL first" in decided.body
     assert len(received) == 2
     assert [c.args for c in worker_sends.call_args_list] == [
-        (change.pk, "pending"),
-        (change.pk, "rejected"),
+        ((change.pk, "pending"),),
+        ((change.pk, "rejected"),),
     ]
     # What was sent is on the change's timeline.
     notes = AuditEntry.objects.filter(object_id=str(change.pk), action="change.notify")
@@ -167,7 +169,7 @@ def test_the_change_socket_streams_its_timeline_to_viewers_only(
         assert all(connected for _, connected, _ in watchers)
         # A decision made by a worker thread (as a request would) reaches both watchers.
         await asyncio.get_running_loop().run_in_executor(
-            None, lambda: services.approve_change(approver, change, "ok")
+            None, lambda: review.approve_change(approver, change, "ok")
         )
         for communicator, _, _ in watchers:
             events = [await communicator.receive_json_from(timeout=5) for _ in range(3)]

@@ -11,9 +11,9 @@ from django import forms
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
-from changes import services
 from changes.forms import FLAG_PREFIX
 from changes.models import Approval, ChangeRequest
+from changes.services import facts, review, timeline
 from hosts.engines.launch import RESERVED_SETTINGS
 from tests.factories import (
     make_config,
@@ -52,7 +52,7 @@ def propose(actor, deployment, settings=None, **kw):
     proposed.update(settings or {"max_num_seqs": 128})
     kw.setdefault("title", "More sequences")
     kw.setdefault("rationale", "Queue wait dominates TTFT at peak.")
-    return services.propose_change(
+    return review.propose_change(
         actor,
         deployment,
         settings=proposed,
@@ -94,7 +94,7 @@ def test_the_form_has_one_field_per_flag_of_the_engine_version(client, operator,
     response = client.get(new_url(deployment))
     assert response.status_code == 200
     form = response.context["form"]
-    flags = [f for f in services.spec_flags(deployment) if f.dest not in RESERVED_SETTINGS]
+    flags = [f for f in facts.spec_flags(deployment) if f.dest not in RESERVED_SETTINGS]
     names = [n.removeprefix(FLAG_PREFIX) for n in form.fields if n.startswith(FLAG_PREFIX)]
     assert names == [f.dest for f in flags]
     # The version's flags only: 0.11.0 has --enable-log-requests, not the removed flag.
@@ -265,7 +265,7 @@ def detail(client, change):
 
 def test_the_page_shows_the_change_its_timeline_and_the_live_hooks(client, operator, deployment):
     change = propose(operator, deployment)
-    services.record(
+    timeline.record(
         None, change, "stage", after={"stage": "apply", "status": "started", "message": "v2"}
     )
     client.force_login(operator)
@@ -305,7 +305,7 @@ def test_buttons_of_a_draft_and_an_approved_change(client, operator, approver, d
     client.force_login(operator)
     assert 'data-testid="submit-change"' in detail(client, draft)
     approved = propose(operator, deployment, {"max_num_seqs": 96})
-    services.approve_change(approver, approved)
+    review.approve_change(approver, approved)
     html = detail(client, approved)
     assert 'data-testid="apply-change"' in html and 'data-testid="approve-change"' not in html
 
@@ -349,7 +349,7 @@ def test_apply_starts_the_pipeline(
     client, operator, approver, deployment, django_capture_on_commit_callbacks
 ):
     change = propose(operator, deployment)
-    services.approve_change(approver, change)
+    review.approve_change(approver, change)
     client.force_login(operator)
     with mock.patch("changes.tasks.apply_change.apply_async") as apply_async:
         with django_capture_on_commit_callbacks(execute=True):
@@ -437,7 +437,7 @@ def test_the_list_filters_and_counts_approvals(client, operator, approver, deplo
     other = make_deployment(make_host(name="gpu-b"), name="batch")
     running(other)
     mine = propose(operator, deployment)
-    services.approve_change(approver, mine)
+    review.approve_change(approver, mine)
     theirs = propose(approver, other, submit=False)
     client.force_login(operator)
 

@@ -13,11 +13,13 @@ import pytest
 from django.db import close_old_connections
 
 from benchmarks.models import RunPoint
-from changes import services
+from changes import rules
 from changes.models import ChangeRequest
+from changes.services import apply as change_apply
+from changes.services import pipeline, review, verification
 from controlpanel.models import AuditEntry
-from hosts import services as host_services
 from hosts.models import EngineConfig, EngineOperation
+from hosts.services import operations as host_operations
 from tests.factories import make_finished_run, make_host, make_profile, make_sim_deployment
 from tests.hosts.agent.conftest import AgentProcess
 
@@ -51,14 +53,14 @@ def fleet(agent, settings):
     )
     good = EngineConfig.objects.create_next(deployment, GOOD)
     op = EngineOperation.objects.create(deployment=deployment, kind="apply", config=good)
-    host_services.run_operation(EngineOperation.objects.get(pk=op.pk))
+    host_operations.run_operation(EngineOperation.objects.get(pk=op.pk))
     deployment.refresh_from_db()
     assert deployment.active_config == good, EngineOperation.objects.get(pk=op.pk).error
     return deployment
 
 
 def approved(operator, approver, deployment, settings, **kw):
-    change = services.propose_change(
+    change = review.propose_change(
         operator,
         deployment,
         title=kw.pop("title", "tune"),
@@ -66,7 +68,7 @@ def approved(operator, approver, deployment, settings, **kw):
         settings={**deployment.active_config.settings, **settings},
         **kw,
     )
-    services.approve_change(approver, change)
+    review.approve_change(approver, change)
     return change
 
 
@@ -75,8 +77,8 @@ def apply_inline(operator, change) -> ChangeRequest:
     from unittest import mock
 
     with mock.patch("changes.tasks.apply_change.apply_async"):
-        services.apply_change(operator, change)
-    services.run_pipeline(change.pk, "test-worker")
+        change_apply.apply_change(operator, change)
+    pipeline.run_pipeline(change.pk, "test-worker")
     change.refresh_from_db()
     return change
 
@@ -139,7 +141,7 @@ def test_a_good_change_is_applied_and_verified(fleet, operator, approver):
         ("applying", "verifying"),
         ("verifying", "applied"),
     ]
-    assert change.pipeline_owner == "" and services.lock_holder(deployment) is None
+    assert change.pipeline_owner == "" and change_apply.lock_holder(deployment) is None
 
 
 def test_a_change_that_cannot_start_is_rolled_back_with_the_engine_error(fleet, operator, approver):
@@ -162,7 +164,7 @@ def test_a_change_that_cannot_start_is_rolled_back_with_the_engine_error(fleet, 
     deployment.refresh_from_db()
     assert deployment.active_config == before and deployment.status == "running"
     # The host really runs the last good config again.
-    assert services.health_problem(deployment) is None
+    assert verification.health_problem(deployment) is None
 
 
 def test_a_p95_ttft_regression_is_rolled_back(fleet, operator, approver):
@@ -200,12 +202,14 @@ def test_a_pipeline_lost_mid_restart_is_resumed_to_a_known_config(fleet, operato
     from unittest import mock
 
     with mock.patch("changes.tasks.apply_change.apply_async"):
-        services.apply_change(operator, change)
+        change_apply.apply_change(operator, change)
     # The first worker got as far as asking the host for the restart, then died: its
     # operation row says running and nobody stamps the change any more.
-    with mock.patch.object(host_services, "run_operation", side_effect=SystemExit("worker killed")):
+    with mock.patch.object(
+        host_operations, "run_operation", side_effect=SystemExit("worker killed")
+    ):
         with pytest.raises(SystemExit):
-            services.run_pipeline(change.pk, "worker-that-dies")
+            pipeline.run_pipeline(change.pk, "worker-that-dies")
     change.refresh_from_db()
     assert change.state == "applying" and change.operation is not None
     EngineOperation.objects.filter(pk=change.operation_id).update(status="running")
@@ -213,16 +217,16 @@ def test_a_pipeline_lost_mid_restart_is_resumed_to_a_known_config(fleet, operato
 
     # A resume (by hand, or the broker's redelivery) takes it to an end with a record.
     with mock.patch("changes.tasks.apply_change.apply_async") as task:
-        services.resume_change(operator, change)
+        change_apply.resume_change(operator, change)
     assert task.called
-    services.run_pipeline(change.pk, "second-worker")
+    pipeline.run_pipeline(change.pk, "second-worker")
     change.refresh_from_db()
     assert change.state == "rolled_back", (change.outcome, stages(change))
     operation = EngineOperation.objects.get(pk=change.operation_id)
     assert "the worker stopped during the operation" in operation.error
     deployment.refresh_from_db()
     assert deployment.active_config == before
-    assert services.health_problem(deployment) is None
+    assert verification.health_problem(deployment) is None
 
 
 def test_concurrent_applies_one_wins_one_is_refused(postgres, fleet, operator, approver):
@@ -236,9 +240,9 @@ def test_concurrent_applies_one_wins_one_is_refused(postgres, fleet, operator, a
     def apply(change):
         try:
             barrier.wait()
-            services.apply_change(operator, change)
+            change_apply.apply_change(operator, change)
             outcomes[change.pk] = "started"
-        except services.ChangeRefused as exc:
+        except rules.ChangeRefused as exc:
             outcomes[change.pk] = str(exc)
         finally:
             close_old_connections()
@@ -271,8 +275,8 @@ def test_roll_back_now_during_the_verification(fleet, operator, approver):
     from unittest import mock
 
     with mock.patch("changes.tasks.apply_change.apply_async"):
-        services.apply_change(operator, change)
-    worker = threading.Thread(target=services.run_pipeline, args=(change.pk, "w"))
+        change_apply.apply_change(operator, change)
+    worker = threading.Thread(target=pipeline.run_pipeline, args=(change.pk, "w"))
     worker.start()
     try:
         deadline = time.monotonic() + 60
@@ -284,7 +288,9 @@ def test_roll_back_now_during_the_verification(fleet, operator, approver):
         else:
             raise AssertionError(stages(change))
         asked = time.monotonic()
-        services.request_rollback(approver, ChangeRequest.objects.get(pk=change.pk), "p99 spikes")
+        change_apply.request_rollback(
+            approver, ChangeRequest.objects.get(pk=change.pk), "p99 spikes"
+        )
         worker.join(60)
     finally:
         close_old_connections()

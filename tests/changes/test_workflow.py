@@ -11,8 +11,10 @@ import pytest
 from django.core.exceptions import PermissionDenied
 from django.utils import timezone
 
-from changes import services
+from changes import rules
 from changes.models import ChangeRequest
+from changes.services import apply as change_apply
+from changes.services import pipeline, review, timeline
 from controlpanel.models import AuditEntry, InvalidTransition
 from tests.factories import make_config, make_deployment, make_gpu, make_host, make_profile
 
@@ -36,7 +38,7 @@ def propose(actor, deployment, settings=None, **kw):
     base.update(settings or {"max_num_seqs": 128})
     kw.setdefault("title", "More sequences")
     kw.setdefault("rationale", "Queue wait dominates TTFT at peak.")
-    return services.propose_change(actor, deployment, settings=base, **kw)
+    return review.propose_change(actor, deployment, settings=base, **kw)
 
 
 def entries(change):
@@ -60,7 +62,7 @@ def test_propose_records_the_diff_against_the_running_config(operator, deploymen
 def test_draft_then_submit(operator, deployment):
     change = propose(operator, deployment, submit=False)
     assert change.state == "draft"
-    services.submit_change(operator, change)
+    review.submit_change(operator, change)
     change.refresh_from_db()
     assert change.state == "pending" and change.submitted_at is not None
 
@@ -77,7 +79,7 @@ def test_draft_then_submit(operator, deployment):
     ],
 )
 def test_bad_settings_are_refused_with_the_flag_named(operator, deployment, values, words):
-    with pytest.raises(services.ChangeRefused, match=words.replace("-", r"\-")):
+    with pytest.raises(rules.ChangeRefused, match=words.replace("-", r"\-")):
         propose(operator, deployment, values)
     assert not ChangeRequest.objects.exists()
 
@@ -85,19 +87,19 @@ def test_bad_settings_are_refused_with_the_flag_named(operator, deployment, valu
 def test_a_flag_the_engine_version_lacks_is_refused(operator, deployment):
     deployment.engine_version = "0.10.0"
     deployment.save()
-    with pytest.raises(services.ChangeRefused, match="added in 0.10.1"):
+    with pytest.raises(rules.ChangeRefused, match="added in 0.10.1"):
         propose(operator, deployment, {"enable_log_requests": True})
 
 
 def test_nothing_to_change_is_refused(operator, deployment):
-    with pytest.raises(services.ChangeRefused, match="Nothing differs"):
+    with pytest.raises(rules.ChangeRefused, match="Nothing differs"):
         propose(operator, deployment, {"max_num_seqs": 64})
 
 
 def test_proposer_cannot_approve_their_own_change(approver, deployment):
     change = propose(approver, deployment)
     with pytest.raises(PermissionDenied, match="four-eyes"):
-        services.approve_change(approver, change)
+        review.approve_change(approver, change)
     change.refresh_from_db()
     assert change.state == "pending" and not change.approvals.exists()
 
@@ -107,20 +109,20 @@ def test_an_operator_cannot_approve(operator, deployment, django_user_model):
     other.groups.add(*operator.groups.all())
     change = propose(other, deployment)
     with pytest.raises(PermissionDenied, match="Approvers"):
-        services.approve_change(operator, change)
+        review.approve_change(operator, change)
 
 
 def test_approve_and_reject(operator, approver, deployment):
     change = propose(operator, deployment)
-    services.approve_change(approver, change, "looks right")
+    review.approve_change(approver, change, "looks right")
     change.refresh_from_db()
     assert change.state == "approved" and change.decided_at is not None
     assert change.approvals_count() == 1
 
     second = propose(operator, deployment, {"max_num_seqs": 32}, title="Fewer")
-    with pytest.raises(services.ChangeRefused, match="Say why"):
-        services.reject_change(approver, second, " ")
-    services.reject_change(approver, second, "measure first")
+    with pytest.raises(rules.ChangeRefused, match="Say why"):
+        review.reject_change(approver, second, " ")
+    review.reject_change(approver, second, "measure first")
     second.refresh_from_db()
     assert second.state == "rejected"
     assert entries(second)[-2:] == ["change.reject", "change.transition"]
@@ -131,12 +133,12 @@ def test_production_hosts_need_two_approvals(operator, approver, admin, deployme
     deployment.host.save()
     change = propose(operator, deployment)
     assert change.required_approvals == settings.CHANGE_PRODUCTION_APPROVALS == 2
-    services.approve_change(approver, change)
+    review.approve_change(approver, change)
     change.refresh_from_db()
     assert change.state == "pending" and change.approvals_count() == 1
-    with pytest.raises(services.ChangeRefused, match="already reviewed"):
-        services.approve_change(approver, change)
-    services.approve_change(admin, change)
+    with pytest.raises(rules.ChangeRefused, match="already reviewed"):
+        review.approve_change(approver, change)
+    review.approve_change(admin, change)
     change.refresh_from_db()
     assert change.state == "approved"
 
@@ -144,12 +146,12 @@ def test_production_hosts_need_two_approvals(operator, approver, admin, deployme
 def test_withdraw_only_by_proposer_or_admin(operator, approver, admin, deployment):
     change = propose(operator, deployment)
     with pytest.raises(PermissionDenied):
-        services.withdraw_change(approver, change)
-    services.withdraw_change(operator, change, "not needed")
+        review.withdraw_change(approver, change)
+    review.withdraw_change(operator, change, "not needed")
     change.refresh_from_db()
     assert change.state == "withdrawn" and change.finished_at is not None
-    with pytest.raises(services.ChangeRefused, match="cannot become"):
-        services.withdraw_change(admin, change)
+    with pytest.raises(rules.ChangeRefused, match="cannot become"):
+        review.withdraw_change(admin, change)
 
 
 @pytest.mark.parametrize(
@@ -179,13 +181,13 @@ def test_illegal_transitions_are_refused(operator, deployment, state, target):
 
 def test_apply_refuses_what_is_not_approved(operator, deployment):
     change = propose(operator, deployment)
-    with pytest.raises(services.ChangeRefused, match="only approved"):
-        services.apply_change(operator, change)
+    with pytest.raises(rules.ChangeRefused, match="only approved"):
+        change_apply.apply_change(operator, change)
 
 
 def approved(operator, approver, deployment, **kw):
     change = propose(operator, deployment, **kw)
-    services.approve_change(approver, change)
+    review.approve_change(approver, change)
     change.refresh_from_db()
     return change
 
@@ -196,7 +198,7 @@ def test_apply_starts_the_pipeline_once_committed(
     change = approved(operator, approver, deployment)
     with mock.patch("changes.tasks.apply_change.apply_async") as task:
         with django_capture_on_commit_callbacks(execute=True):
-            services.apply_change(operator, change)
+            change_apply.apply_change(operator, change)
     change.refresh_from_db()
     assert change.state == "applying" and change.applied_by == operator
     (args,), kwargs = task.call_args
@@ -207,12 +209,12 @@ def test_one_change_per_deployment_holds_the_lock(operator, approver, deployment
     first = approved(operator, approver, deployment)
     second = approved(operator, approver, deployment, settings={"max_num_seqs": 96})
     with mock.patch("changes.tasks.apply_change.apply_async"):
-        services.apply_change(operator, first)
-        with pytest.raises(services.ChangeRefused, match=f"locked by change #{first.pk}"):
-            services.apply_change(operator, second)
+        change_apply.apply_change(operator, first)
+        with pytest.raises(rules.ChangeRefused, match=f"locked by change #{first.pk}"):
+            change_apply.apply_change(operator, second)
     second.refresh_from_db()
     assert second.state == "approved"
-    assert services.lock_holder(deployment) == first
+    assert change_apply.lock_holder(deployment) == first
 
 
 def test_the_database_refuses_a_second_lock_holder(operator, approver, deployment):
@@ -228,9 +230,9 @@ def test_the_database_refuses_a_second_lock_holder(operator, approver, deploymen
 def test_apply_waits_for_the_maintenance_window(operator, approver, deployment):
     start = timezone.now() + timedelta(hours=2)
     change = approved(operator, approver, deployment, window=(start, start + timedelta(hours=1)))
-    with pytest.raises(services.ChangeRefused, match="maintenance window"):
-        services.apply_change(operator, change)
-    with pytest.raises(services.ChangeRefused, match="end after it starts"):
+    with pytest.raises(rules.ChangeRefused, match="maintenance window"):
+        change_apply.apply_change(operator, change)
+    with pytest.raises(rules.ChangeRefused, match="end after it starts"):
         propose(operator, deployment, {"max_num_seqs": 8}, window=(start, start))
 
 
@@ -242,17 +244,17 @@ def test_a_stale_change_must_be_rebased_and_reviewed_again(operator, approver, a
     deployment.save()
     change.refresh_from_db()
     assert change.is_stale()
-    with pytest.raises(services.ChangeRefused, match=r"v1 → v2\): rebase"):
-        services.apply_change(operator, change)
+    with pytest.raises(rules.ChangeRefused, match=r"v1 → v2\): rebase"):
+        change_apply.apply_change(operator, change)
 
-    services.rebase_change(operator, change)
+    review.rebase_change(operator, change)
     change.refresh_from_db()
     assert change.state == "pending" and change.base_config == newer
     # The diff is now against v2: memory 0.85 → 0.9 reappears as a change.
     assert change.diff() == {"gpu_memory_utilization": (0.85, 0.9), "max_num_seqs": (64, 128)}
     assert change.approvals_count() == 0, "the approval was for the old base"
     assert any(w["code"] == "several_settings" for w in change.warnings)
-    services.approve_change(admin, change)
+    review.approve_change(admin, change)
     change.refresh_from_db()
     assert change.state == "approved"
     assert entries(change).count("change.rebase") == 1
@@ -262,8 +264,8 @@ def test_approving_a_stale_pending_change_is_refused(operator, approver, deploym
     change = propose(operator, deployment)
     deployment.active_config = make_config(deployment, {"max_num_seqs": 80})
     deployment.save()
-    with pytest.raises(services.ChangeRefused, match="rebase"):
-        services.approve_change(approver, change)
+    with pytest.raises(rules.ChangeRefused, match="rebase"):
+        review.approve_change(approver, change)
 
 
 def test_rollback_proposal_targets_an_earlier_version(operator, deployment):
@@ -271,20 +273,20 @@ def test_rollback_proposal_targets_an_earlier_version(operator, deployment):
     v2 = make_config(deployment, {"max_num_seqs": 200})
     deployment.active_config = v2
     deployment.save()
-    change = services.propose_rollback(operator, v1, rationale="v2 raised p95 TTFT")
+    change = review.propose_rollback(operator, v1, rationale="v2 raised p95 TTFT")
     assert change.kind == "rollback" and change.target_config == v1
     assert change.title == "Roll back to v1" and change.state == "pending"
     assert change.diff() == {"gpu_memory_utilization": (None, 0.9), "max_num_seqs": (200, 64)}
-    with pytest.raises(services.ChangeRefused, match="already runs"):
-        services.propose_rollback(operator, v2, rationale="x")
+    with pytest.raises(rules.ChangeRefused, match="already runs"):
+        review.propose_rollback(operator, v2, rationale="x")
 
 
 def test_comments_go_on_the_timeline(operator, approver, deployment):
     change = propose(operator, deployment)
-    services.comment_on_change(approver, change, "What about ITL?")
-    with pytest.raises(services.ChangeRefused):
-        services.comment_on_change(approver, change, "   ")
-    items = services.timeline(change)
+    review.comment_on_change(approver, change, "What about ITL?")
+    with pytest.raises(rules.ChangeRefused):
+        review.comment_on_change(approver, change, "   ")
+    items = timeline.timeline(change)
     assert [i["action"] for i in items] == ["propose", "transition", "comment"]
     assert items[-1]["message"] == "What about ITL?" and items[-1]["who"] == approver.username
 
@@ -309,14 +311,14 @@ def test_resume_refuses_a_live_pipeline(operator, approver, deployment):
         state="applying", pipeline_owner="w1", pipeline_heartbeat_at=timezone.now()
     )
     change.refresh_from_db()
-    with pytest.raises(services.ChangeRefused, match="alive"):
-        services.resume_change(operator, change)
+    with pytest.raises(rules.ChangeRefused, match="alive"):
+        change_apply.resume_change(operator, change)
     ChangeRequest.objects.filter(pk=change.pk).update(
         pipeline_heartbeat_at=timezone.now() - timedelta(minutes=5)
     )
     change.refresh_from_db()
     with mock.patch("changes.tasks.apply_change.apply_async"):
-        services.resume_change(operator, change)
+        change_apply.resume_change(operator, change)
     assert entries(change)[-1] == "change.resume"
 
 
@@ -325,12 +327,12 @@ def test_claim_takes_over_only_a_silent_pipeline(operator, approver, deployment)
     ChangeRequest.objects.filter(pk=change.pk).update(
         state="applying", pipeline_owner="w1", pipeline_heartbeat_at=timezone.now()
     )
-    assert services.claim(change.pk, "w2", wait_s=0) is None
-    assert services.claim(change.pk, "w1", wait_s=0) is not None
+    assert pipeline.claim(change.pk, "w2", wait_s=0) is None
+    assert pipeline.claim(change.pk, "w1", wait_s=0) is not None
     ChangeRequest.objects.filter(pk=change.pk).update(
         pipeline_heartbeat_at=timezone.now() - timedelta(minutes=5)
     )
-    assert services.claim(change.pk, "w2", wait_s=0).pipeline_owner == "w2"
+    assert pipeline.claim(change.pk, "w2", wait_s=0).pipeline_owner == "w2"
 
 
 def test_prediction_for_the_chosen_profile(operator, deployment):
@@ -365,7 +367,7 @@ def test_beat_resumes_pipelines_that_stopped_stamping(
     ChangeRequest.objects.filter(pk=queued.pk).update(deployment=third, state="applying")
     with mock.patch("changes.tasks.apply_change.apply_async") as task:
         with django_capture_on_commit_callbacks(execute=True):
-            resumed = services.resume_lost_pipelines()
+            resumed = change_apply.resume_lost_pipelines()
     assert [c.pk for c in resumed] == [lost.pk]
     assert task.call_args.args[0] == (lost.pk,)
 
@@ -383,7 +385,7 @@ def test_a_broken_pipeline_closes_what_it_left_running(operator, approver, deplo
         state="verifying", stage="verify", operation=operation, verification_run=run
     )
     # No agent listens on the host's port: the engine's state is reported unknown.
-    services.abandon(change.pk, "the apply pipeline ran out of time")
+    pipeline.abandon(change.pk, "the apply pipeline ran out of time")
     change.refresh_from_db()
     operation.refresh_from_db()
     run.refresh_from_db()
@@ -391,4 +393,4 @@ def test_a_broken_pipeline_closes_what_it_left_running(operator, approver, deplo
     assert "ran out of time; the engine was found unknown" in change.outcome
     assert operation.status == "failed" and "pipeline stopped" in operation.error
     assert run.status == "failed" and "pipeline stopped" in run.error
-    assert services.lock_holder(deployment) is None
+    assert change_apply.lock_holder(deployment) is None

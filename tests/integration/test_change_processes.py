@@ -12,10 +12,11 @@ import pytest
 from celery import Celery
 from channels.layers import get_channel_layer
 
-from changes import services
 from changes.models import ChangeRequest
-from hosts import services as host_services
+from changes.services import apply as change_apply
+from changes.services import review
 from hosts.models import EngineConfig, EngineOperation
+from hosts.services import operations as host_operations
 from tests.factories import make_host, make_profile, make_sim_deployment
 from tests.hosts.agent.conftest import AgentProcess
 from tests.integration.processes import compose_command
@@ -57,11 +58,11 @@ def test_worker_applies_and_verifies_a_change_streaming_its_timeline(
         )
         good = EngineConfig.objects.create_next(deployment, {"max_model_len": 8192})
         op = EngineOperation.objects.create(deployment=deployment, kind="apply", config=good)
-        host_services.run_operation(EngineOperation.objects.get(pk=op.pk))
+        host_operations.run_operation(EngineOperation.objects.get(pk=op.pk))
         deployment.refresh_from_db()
         assert deployment.active_config == good
 
-        change = services.propose_change(
+        change = review.propose_change(
             operator,
             deployment,
             title="Prefix caching on",
@@ -69,7 +70,7 @@ def test_worker_applies_and_verifies_a_change_streaming_its_timeline(
             settings={"max_model_len": 8192, "enable_prefix_caching": True},
             verify_profile=make_profile(spec=PROFILE),
         )
-        services.approve_change(approver, change)
+        review.approve_change(approver, change)
         worker = start("worker", compose_command("worker"), production_env)
         worker.wait_for_output("ready.", timeout=60)
         events = asyncio.run(stream(operator, change, worker, production_env["REDIS_URL"]))
@@ -112,7 +113,7 @@ async def stream(operator, change, worker, redis_url) -> list[dict]:
             "changes.tasks.apply_change", args=args, **kw
         ),
     ) as sent:
-        await sync_to_async(services.apply_change)(operator, change)
+        await sync_to_async(change_apply.apply_change)(operator, change)
     assert sent.call_args.kwargs["time_limit"] > sent.call_args.kwargs["soft_time_limit"]
     events = []
     loop = asyncio.get_running_loop()

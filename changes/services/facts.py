@@ -1,0 +1,144 @@
+"""What reviewers see of a proposal before anyone approves it: the settings as the engine's
+flag spec accepts them, the flag-level diff against the running config, domain warnings, the
+simulator's predicted impact under the chosen profile, and how many approvals it needs."""
+
+from __future__ import annotations
+
+from django.conf import settings as conf
+
+from benchmarks import records as request_records
+from benchmarks.models import BenchmarkRun, LoadProfile, RunRequestLog
+from changes import advice
+from changes.models import ChangeRequest
+from changes.rules import ChangeRefused
+from controlpanel.choices import OperationStatus
+from hosts.engines import get_spec
+from hosts.engines.launch import LaunchConfig, LaunchError, Placement
+from hosts.models import Deployment, EngineConfig
+from hosts.simulator.catalog import GPUS
+
+
+def validate_proposal(deployment: Deployment, settings: dict, env: dict, placement: dict) -> dict:
+    """The settings as the engine's flag spec for the deployment's version accepts them, or
+    ChangeRefused naming every refused field (nothing malicious reaches a command line)."""
+    try:
+        launch = LaunchConfig(
+            engine=deployment.engine,
+            model=deployment.model,
+            settings=dict(settings),
+            engine_version=deployment.engine_version or None,
+            env=dict(env or {}),
+            placement=Placement(placement.get("numa_node"), placement.get("cpus"))
+            if placement
+            else None,
+            port=deployment.port,
+            runner=deployment.runner,
+            simulator=dict(deployment.simulator or {}),
+        ).validated(gpu_count=gpu_count(deployment))
+    except LaunchError as exc:
+        raise ChangeRefused(str(exc)) from None
+    return {
+        "settings": launch.settings,
+        "env": launch.env,
+        "placement": launch.placement.to_dict() if launch.placement else {},
+    }
+
+
+def gpu_count(deployment: Deployment) -> int | None:
+    if deployment.runner == "simulator":
+        return int((deployment.simulator or {}).get("num_gpus") or 1)
+    count = deployment.host.gpus.count()
+    return count or None
+
+
+def gpu_facts(deployment: Deployment) -> tuple[str | None, int, int | None]:
+    """``(simulator GPU key, GPU count, one GPU's memory)`` for predictions and warnings."""
+    if deployment.runner == "simulator":
+        key = (deployment.simulator or {}).get("gpu") or "h100-sxm"
+        spec = GPUS.get(key)
+        return key, gpu_count(deployment) or 1, spec.memory_bytes if spec else None
+    gpu = deployment.gpus.first() or deployment.host.gpus.first()
+    if gpu is None:
+        return None, 1, None
+    return advice.gpu_key(gpu.name), gpu_count(deployment) or 1, gpu.memory_bytes
+
+
+def observed_p99_tokens(deployment: Deployment) -> int | None:
+    """p99 of prompt + output tokens over the requests of the deployment's latest successful
+    benchmark: what the real (or profiled) traffic needs from ``max_model_len``."""
+    run = (
+        BenchmarkRun.objects.filter(deployment=deployment, status=OperationStatus.SUCCEEDED)
+        .order_by("-created_at")
+        .only("pk")
+        .first()
+    )
+    if run is None:
+        return None
+    blob = RunRequestLog.objects.filter(run=run).values_list("data", flat=True).first()
+    if not blob:
+        return None
+    sizes = sorted(
+        (row["prompt_tokens"] or row["input_len"] or 0) + (row["output_tokens"] or 0)
+        for row in request_records.iter_rows(bytes(blob))
+        if row["error_class"] is None
+    )
+    if not sizes:
+        return None
+    return sizes[max(0, -(-99 * len(sizes) // 100) - 1)]
+
+
+def review_facts(
+    deployment: Deployment,
+    base: EngineConfig | None,
+    proposal: dict,
+    profile: LoadProfile | None = None,
+) -> dict:
+    """Diff, warnings and (when the simulator models it) the predicted impact of a proposal."""
+    change = ChangeRequest(deployment=deployment, base_config=base, **proposal)
+    diff = change.diff()
+    gpu, num_gpus, gpu_memory = gpu_facts(deployment)
+    warnings = advice.warnings_for(
+        deployment.engine,
+        diff,
+        proposal["settings"],
+        engine_version=deployment.engine_version or None,
+        model=deployment.model,
+        gpu_memory_bytes=gpu_memory,
+        observed_p99_tokens=observed_p99_tokens(deployment),
+    )
+    prediction: dict = {}
+    if profile is not None:
+        if gpu is None:
+            prediction = {"available": False, "reason": "The host's GPUs are not known yet."}
+        else:
+            prediction = advice.predicted_impact(
+                deployment.engine,
+                deployment.model,
+                base.settings if base else {},
+                proposal["settings"],
+                gpu,
+                num_gpus,
+                profile.spec,
+            )
+        prediction["profile"] = str(profile)
+    return {
+        "diff": diff,
+        "warnings": [w.to_dict() for w in warnings],
+        "prediction": prediction,
+    }
+
+
+def required_approvals(deployment: Deployment) -> int:
+    """Two approvals for production-labelled hosts (CHANGE_PRODUCTION_LABEL), else one."""
+    key, _, value = conf.CHANGE_PRODUCTION_LABEL.partition("=")
+    labels = deployment.host.labels or {}
+    if key and labels.get(key) == value:
+        return conf.CHANGE_PRODUCTION_APPROVALS
+    return 1
+
+
+def spec_flags(deployment: Deployment):
+    """The flags of the deployment's engine version, performance flags first."""
+    spec = get_spec(deployment.engine)
+    flags = spec.flags_for(deployment.engine_version or None)
+    return sorted(flags, key=lambda f: (not f.performance, spec.flags.index(f)))

@@ -1,0 +1,215 @@
+"""Propose and review: every verb takes the acting user first, checks ``changes.rules`` under
+the change's row lock, and writes the timeline entry (the audit log) of what it did."""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from benchmarks.models import BenchmarkRun, LoadProfile
+from changes import rules
+from changes.choices import ChangeKind, ChangeState, Decision
+from changes.models import Approval, ChangeRequest
+from changes.rules import ChangeRefused
+from changes.services.facts import required_approvals, review_facts, validate_proposal
+from changes.services.timeline import locked, record, transition
+from controlpanel.choices import OperationStatus
+from controlpanel.models import AuditEntry
+from hosts.models import Deployment, EngineConfig
+
+S = ChangeState
+
+
+def propose_change(
+    actor,
+    deployment: Deployment,
+    *,
+    title: str,
+    rationale: str,
+    settings: dict,
+    env: dict | None = None,
+    placement: dict | None = None,
+    verify_profile: LoadProfile | None = None,
+    baseline_run: BenchmarkRun | None = None,
+    thresholds: dict | None = None,
+    window: tuple | None = None,
+    submit: bool = True,
+    kind: str = ChangeKind.SETTINGS,
+    target_config: EngineConfig | None = None,
+) -> ChangeRequest:
+    """Record a proposed change against the deployment's running config (draft, or pending
+    review when ``submit``). Settings are validated against the engine's flag spec first."""
+    proposal = validate_proposal(deployment, settings, env or {}, placement or {})
+    base = deployment.active_config
+    facts = review_facts(deployment, base, proposal, verify_profile)
+    _check_proposal(deployment, facts, baseline_run, window)
+    start, end = window or (None, None)
+    with transaction.atomic():
+        change = ChangeRequest.objects.create(
+            deployment=deployment,
+            kind=kind,
+            title=title,
+            rationale=rationale,
+            proposed_by=actor,
+            base_config=base,
+            target_config=target_config,
+            warnings=facts["warnings"],
+            prediction=facts["prediction"],
+            required_approvals=required_approvals(deployment),
+            verify_profile=verify_profile,
+            baseline_run=baseline_run,
+            window_start=start,
+            window_end=end,
+            **proposal,
+            **(thresholds or {}),
+        )
+        record(
+            actor,
+            change,
+            "propose",
+            before={"config_version": base.version if base else None},
+            after={
+                "kind": kind,
+                "diff": _diff_lists(facts["diff"]),
+                "warnings": [w["code"] for w in facts["warnings"]],
+                "text": rationale,
+            },
+        )
+        if submit:
+            transition(actor, change, S.PENDING)
+    return change
+
+
+def _check_proposal(deployment, facts: dict, baseline_run, window) -> None:
+    if not facts["diff"]:
+        raise ChangeRefused("Nothing differs from the running config: there is nothing to review.")
+    if baseline_run is not None and (
+        baseline_run.deployment_id != deployment.pk
+        or baseline_run.status != OperationStatus.SUCCEEDED
+    ):
+        raise ChangeRefused("The baseline must be a successful run of this deployment.")
+    start, end = window or (None, None)
+    if start and end and end <= start:
+        raise ChangeRefused("The maintenance window must end after it starts.")
+
+
+def _diff_lists(diff: dict) -> dict:
+    return {k: list(v) for k, v in diff.items()}
+
+
+def propose_rollback(
+    actor, target: EngineConfig, *, rationale: str, verify_profile=None
+) -> ChangeRequest:
+    """Propose going back to an earlier version of a deployment's config, as a change that is
+    reviewed like any other."""
+    deployment = target.deployment
+    if deployment.active_config_id == target.pk:
+        raise ChangeRefused(f"{deployment} already runs v{target.version}.")
+    return propose_change(
+        actor,
+        deployment,
+        title=f"Roll back to v{target.version}",
+        rationale=rationale,
+        settings=target.settings,
+        env=target.env,
+        placement=target.placement,
+        verify_profile=verify_profile,
+        kind=ChangeKind.ROLLBACK,
+        target_config=target,
+    )
+
+
+def submit_change(actor, change: ChangeRequest) -> ChangeRequest:
+    with transaction.atomic():
+        change = locked(change)
+        rules.require("submit", actor, change)
+        transition(actor, change, S.PENDING)
+    return change
+
+
+def approve_change(actor, change: ChangeRequest, comment: str = "") -> ChangeRequest:
+    return _decide(actor, change, Decision.APPROVE, comment)
+
+
+def reject_change(actor, change: ChangeRequest, comment: str) -> ChangeRequest:
+    if not comment.strip():
+        raise ChangeRefused("Say why the change is rejected.")
+    return _decide(actor, change, Decision.REJECT, comment)
+
+
+def _decide(actor, change: ChangeRequest, decision: Decision, comment: str) -> ChangeRequest:
+    with transaction.atomic():
+        change = locked(change)
+        rules.require(decision.value, actor, change)
+        if change.current_approvals().filter(reviewer=actor).exists():
+            raise ChangeRefused("You already reviewed this version of the change.")
+        Approval.objects.create(
+            change=change,
+            reviewer=actor,
+            reviewer_name=actor.get_username(),
+            decision=decision,
+            comment=comment,
+            base_config=change.base_config,
+        )
+        count = change.approvals_count()
+        after = {"comment": comment, "approvals": count, "required": change.required_approvals}
+        record(actor, change, decision.value, after=after)
+        if decision == Decision.REJECT:
+            transition(actor, change, S.REJECTED, comment)
+        elif count >= change.required_approvals:
+            transition(actor, change, S.APPROVED)
+    return change
+
+
+def withdraw_change(actor, change: ChangeRequest, reason: str = "") -> ChangeRequest:
+    with transaction.atomic():
+        change = locked(change)
+        rules.require("withdraw", actor, change)
+        transition(actor, change, S.WITHDRAWN, reason)
+    return change
+
+
+def comment_on_change(actor, change: ChangeRequest, text: str) -> AuditEntry:
+    text = text.strip()
+    if not text:
+        raise ChangeRefused("The comment is empty.")
+    rules.require("comment", actor, change)
+    with transaction.atomic():
+        return record(actor, change, "comment", after={"text": text[:5000]})
+
+
+def rebase_change(actor, change: ChangeRequest) -> ChangeRequest:
+    """Re-base a stale change on the running config: the diff, warnings and prediction are
+    computed again, and approvals given against the old base no longer count."""
+    with transaction.atomic():
+        change = locked(change)
+        rules.require("rebase", actor, change)
+        deployment = Deployment.objects.select_related("active_config").get(pk=change.deployment_id)
+        old, new = change.base_config, deployment.active_config
+        proposal = {"settings": change.settings, "env": change.env, "placement": change.placement}
+        facts = review_facts(deployment, new, proposal, change.verify_profile)
+        if not facts["diff"]:
+            raise ChangeRefused(
+                f"The running config v{new.version} already has every proposed setting: "
+                "withdraw this change instead."
+            )
+        change.base_config = new
+        change.warnings = facts["warnings"]
+        change.prediction = facts["prediction"]
+        if change.baseline_run and change.baseline_run.engine_config_id != new.pk:
+            change.baseline_run = None  # measured on a config that no longer runs
+        change.save(
+            update_fields=["base_config", "warnings", "prediction", "baseline_run", "updated_at"]
+        )
+        record(
+            actor,
+            change,
+            "rebase",
+            before={"config_version": old.version if old else None},
+            after={
+                "config_version": new.version if new else None,
+                "diff": _diff_lists(facts["diff"]),
+            },
+        )
+        if change.state == S.APPROVED:
+            transition(actor, change, S.PENDING, "rebased: the approvals were for another base")
+    return change

@@ -1,0 +1,345 @@
+"""The apply pipeline's steps, one class each, run in the order of ``STAGES`` by
+``pipeline.drive``.
+
+A stage says whether it is already done for a change (``is_done``: resume skips it) and does
+its work (``run``), recording its progress on the timeline. When it cannot go on it raises
+``StageFailed``: the driver records the failure and then either rolls back to the snapshot
+config (``rollback=True``: something was changed) or ends the change as failed (nothing was).
+A new step — a quality probe, a sweep trial — is one more class listed in ``STAGES``.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.urls import reverse
+
+from benchmarks.models import BenchmarkRun
+from changes import advice
+from changes.choices import ChangeKind, ChangeState, Stage, StageStatus
+from changes.models import ChangeRequest
+from changes.rules import stale_message
+from changes.services import verification
+from changes.services.timeline import finish, record_stage, transition
+from controlpanel.choices import OperationStatus
+from hosts.choices import OperationOutcome
+from hosts.models import EngineConfig, EngineOperation
+from hosts.services import operations as host_operations
+
+S = ChangeState
+WHILE_APPLYING = "a rollback was requested while the change was being applied"
+
+
+class StageFailed(Exception):
+    """A stage could not complete. ``message`` goes on the stage's timeline entry (with
+    ``detail`` and ``link``); ``reason`` (the message by default) is the change's outcome.
+    ``rollback``: put the snapshot config back; otherwise nothing was changed on the host."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rollback: bool,
+        reason: str | None = None,
+        detail: str = "",
+        link: str = "",
+    ):
+        super().__init__(message)
+        self.message, self.rollback = message, rollback
+        self.reason = reason or message
+        self.detail, self.link = detail, link
+
+
+class RollbackRequested(Exception):
+    """Someone asked for a rollback (``ChangeRequest.rollback_requested``); the message is
+    the outcome to record."""
+
+
+class PipelineStage:
+    """One step. ``stage`` is its name on the timeline; ``rollback_reason`` is the outcome
+    when a rollback request is found before it runs (None: don't look before this one)."""
+
+    stage: Stage
+    rollback_reason: str | None = WHILE_APPLYING
+
+    def is_done(self, change: ChangeRequest) -> bool:
+        raise NotImplementedError
+
+    def run(self, change: ChangeRequest) -> None:
+        raise NotImplementedError
+
+    def record(self, change: ChangeRequest, status: StageStatus, message: str = "", **extra):
+        record_stage(change, self.stage, status, message, **extra)
+
+
+class Snapshot(PipelineStage):
+    """Remember the running config: where any rollback goes. A change proposed against
+    another config than the one running now is stale and changes nothing."""
+
+    stage = Stage.SNAPSHOT
+
+    def is_done(self, change):
+        return change.snapshot_config_id is not None
+
+    def run(self, change):
+        self.record(change, StageStatus.STARTED)
+        deployment = change.deployment
+        deployment.refresh_from_db()
+        running = deployment.active_config
+        if running is None and change.base_config_id is not None:
+            raise StageFailed("The deployment has no running config to return to.", rollback=False)
+        if deployment.active_config_id != change.base_config_id:
+            raise StageFailed(stale_message(change) + " Nothing was changed.", rollback=False)
+        change.snapshot_config = running
+        change.save(update_fields=["snapshot_config"])
+        self.record(
+            change,
+            StageStatus.SUCCEEDED,
+            f"v{running.version} is the last good config" if running else "no config yet",
+            detail=_settings_text(running.flat() if running else {}),
+        )
+
+
+class Baseline(PipelineStage):
+    """The same load on the running config, unless a successful baseline run was chosen."""
+
+    stage = Stage.BASELINE
+
+    def is_done(self, change):
+        return not change.verify_profile_id or change.applied_config_id is not None
+
+    def run(self, change):
+        baseline = change.baseline_run
+        if baseline is not None and baseline.status == OperationStatus.SUCCEEDED:
+            self.record(
+                change,
+                StageStatus.SKIPPED,
+                f"using {baseline} as the baseline",
+                link=verification.link(baseline),
+            )
+            return
+        self.record(change, StageStatus.STARTED, str(change.verify_profile))
+        run = _measure(change, "baseline", rollback=False)
+        self.record(
+            change,
+            StageStatus.SUCCEEDED,
+            verification.run_numbers(run),
+            link=verification.link(run),
+        )
+
+
+class NewVersion(PipelineStage):
+    """The proposed settings become the deployment's next config version (a rollback change
+    reuses the version it goes back to)."""
+
+    stage = Stage.APPLY
+    rollback_reason = "a rollback was requested before the apply"
+
+    def is_done(self, change):
+        return change.applied_config_id is not None
+
+    def run(self, change):
+        self.record(change, StageStatus.STARTED)
+        if change.kind == ChangeKind.ROLLBACK and change.target_config_id:
+            config = change.target_config
+            message = f"going back to v{config.version}"
+        else:
+            config = EngineConfig.objects.create_next(
+                change.deployment,
+                change.settings,
+                env=change.env,
+                placement=change.placement,
+                created_by=change.proposed_by,
+                note=f"change #{change.pk}: {change.title}"[:200],
+            )
+            message = f"created v{config.version}"
+        change.applied_config = config
+        change.save(update_fields=["applied_config"])
+        self.record(change, StageStatus.SUCCEEDED, message)
+
+
+class Restart(PipelineStage):
+    """Restart the engine with the new version on the host (stop, start, wait for ready).
+    The agent or the SSH transport restarts the previous config itself when the new one does
+    not come up: the rollback then only records that."""
+
+    stage = Stage.RESTART
+    rollback_reason = None
+
+    def is_done(self, change):
+        return change.state != S.APPLYING
+
+    def run(self, change):
+        config = change.applied_config
+        operation = change.operation or self._request(change, config)
+        operation = run_inline(operation)
+        if operation.outcome != OperationOutcome.READY:
+            message = operation.error or operation.get_outcome_display()
+            raise StageFailed(
+                f"v{config.version} did not start: {message}",
+                rollback=True,
+                reason=f"v{config.version} failed to start: {message}",
+                detail=operation.engine_log[-4000:],
+                link=reverse("hosts:operation", args=[operation.pk]),
+            )
+        self.record(
+            change,
+            StageStatus.SUCCEEDED,
+            f"the engine runs v{config.version}",
+            detail="\n".join(operation.engine_log.splitlines()[-10:]),
+        )
+
+    def _request(self, change, config) -> EngineOperation:
+        self.record(change, StageStatus.STARTED, f"v{config.version}")
+        try:
+            operation = host_operations.request_operation(
+                change.applied_by, change.deployment, "apply", config, enqueue=False
+            )
+        except host_operations.OperationRefused as exc:
+            raise StageFailed(f"{exc} Nothing was changed.", rollback=False) from None
+        change.operation = operation
+        change.save(update_fields=["operation"])
+        return operation
+
+
+class Health(PipelineStage):
+    """The panel's own look at the engine, from where benchmarks reach it. With a
+    verification to come, the change moves on to verifying."""
+
+    stage = Stage.HEALTH
+    rollback_reason = None
+
+    def is_done(self, change):
+        return change.state != S.APPLYING
+
+    def run(self, change):
+        deployment, version = change.deployment, change.applied_config.version
+        self.record(change, StageStatus.STARTED, deployment.engine_url)
+        problem = verification.health_problem(deployment)
+        if problem:
+            raise StageFailed(
+                problem,
+                rollback=True,
+                reason=f"the engine is not healthy on v{version}: {problem}",
+            )
+        self.record(change, StageStatus.SUCCEEDED, "/health and /v1/models answer")
+        if change.verify_profile_id:
+            with transaction.atomic():
+                transition(None, change, S.VERIFYING)
+
+
+class Verify(PipelineStage):
+    """The same load again on the new config."""
+
+    stage = Stage.VERIFY
+
+    def is_done(self, change):
+        run = change.verification_run
+        return bool(change.verify_profile_id) and _succeeded(run)
+
+    def run(self, change):
+        if not change.verify_profile_id:
+            self.record(change, StageStatus.SKIPPED, "no verification profile chosen")
+            return
+        self.record(change, StageStatus.STARTED, str(change.verify_profile))
+        run = _measure(change, "verification", rollback=True)
+        self.record(
+            change,
+            StageStatus.SUCCEEDED,
+            verification.run_numbers(run),
+            link=verification.link(run),
+        )
+
+
+class Compare(PipelineStage):
+    """The verification against the baseline, under the change's thresholds: a regression
+    (more errors, slower p95 TTFT or ITL beyond the limits) rolls the change back."""
+
+    stage = Stage.COMPARE
+
+    def is_done(self, change):
+        return not change.verify_profile_id
+
+    def run(self, change):
+        self.record(change, StageStatus.STARTED)
+        run = change.verification_run
+        result = advice.verdict(
+            verification.numbers(change.baseline_run),
+            verification.numbers(run),
+            advice.Thresholds(
+                change.max_error_rate_increase,
+                change.max_ttft_p95_regression,
+                change.max_itl_p95_regression,
+            ),
+        )
+        change.comparison = result
+        change.save(update_fields=["comparison"])
+        link = verification.compare_link(change.baseline_run, run)
+        if result["regressed"]:
+            raise StageFailed("regression: " + result["reason"], rollback=True, link=link)
+        self.record(change, StageStatus.SUCCEEDED, verification.verdict_text(result), link=link)
+
+
+class Done(PipelineStage):
+    """The change is applied."""
+
+    stage = Stage.DONE
+    rollback_reason = None
+
+    def is_done(self, change):
+        return change.is_finished
+
+    def run(self, change):
+        text = f"{change.deployment} runs v{change.applied_config.version}"
+        self.record(change, StageStatus.SUCCEEDED, text)
+        finish(change, S.APPLIED, text)
+
+
+STAGES: tuple[PipelineStage, ...] = (
+    Snapshot(),
+    Baseline(),
+    NewVersion(),
+    Restart(),
+    Health(),
+    Verify(),
+    Compare(),
+    Done(),
+)
+
+
+def _succeeded(run: BenchmarkRun | None) -> bool:
+    return run is not None and run.status == OperationStatus.SUCCEEDED
+
+
+def _measure(change: ChangeRequest, purpose: str, *, rollback: bool) -> BenchmarkRun:
+    """Run the change's profile now; a run that cannot start or does not succeed fails the
+    stage. A rollback asked for during the run wins over judging it."""
+    run, refused = verification.run_benchmark(change, purpose)
+    if rollback and rollback_asked(change):
+        raise RollbackRequested("a rollback was requested during the verification")
+    if not _succeeded(run):
+        message = refused or f"the {purpose} benchmark {run.status}: {run.error}"
+        reason = message if rollback else message + " Nothing was changed."
+        raise StageFailed(message, rollback=rollback, reason=reason, link=verification.link(run))
+    return run
+
+
+def rollback_asked(change: ChangeRequest) -> bool:
+    change.refresh_from_db(fields=["rollback_requested"])
+    return change.rollback_requested
+
+
+def run_inline(operation: EngineOperation) -> EngineOperation:
+    """Run (or, after a lost worker, close) an engine operation here on the pipeline's
+    worker."""
+    if not operation.is_finished:
+        host_operations.run_operation(
+            EngineOperation.objects.select_related(
+                "deployment__host", "config", "previous_config", "requested_by"
+            ).get(pk=operation.pk)
+        )
+    operation.refresh_from_db()
+    return operation
+
+
+def _settings_text(flat: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(flat.items()))
