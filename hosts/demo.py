@@ -21,6 +21,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hosts.choices import OperationKind
+from hosts.models import Deployment, Host
+from hosts.services.checks import request_host_check
+from hosts.services.operations import OperationRefused, request_operation
+
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -180,20 +185,14 @@ class DemoFleet:
 def bring_up() -> None:
     """After the worker runs: read each demo host's inventory and start its engine (an
     apply of the deployment's active config, through the agent, like any other)."""
-    from hosts import services
-    from hosts.choices import OperationKind
-    from hosts.models import Deployment, Host
-
     names = [host.name for host in FLEET]
     for host in Host.objects.filter(name__in=names):
-        services.request_host_check(None, host)
+        request_host_check(None, host)
     deployments = Deployment.objects.filter(host__name__in=names, runner="simulator")
     for deployment in deployments.select_related("active_config"):
         if deployment.active_config is None or deployment.active_operation() is not None:
             continue
         try:
-            services.request_operation(
-                None, deployment, OperationKind.APPLY, deployment.active_config
-            )
-        except services.OperationRefused as exc:
+            request_operation(None, deployment, OperationKind.APPLY, deployment.active_config)
+        except OperationRefused as exc:
             log.warning("demo: %s", exc)

@@ -6,8 +6,8 @@ from django.conf import settings
 
 from controlpanel import timelimits
 from controlpanel.jobs import run_job
-from hosts import services
 from hosts.models import EngineOperation, HostCheck
+from hosts.services import checks, operations, telemetry
 
 OPERATION_LIMIT = timelimits.operation(settings.ENGINE_READY_TIMEOUT)
 
@@ -17,15 +17,15 @@ def check_host(check_pk: int) -> None:
     run_job(
         HostCheck.objects.select_related("host"),
         check_pk,
-        services.run_host_check,
-        services.fail_host_check,
+        checks.run_host_check,
+        checks.fail_host_check,
         what="the check",
     )
 
 
 @shared_task(**timelimits.CHECK_ALL_HOSTS.options())
 def check_all_hosts() -> int:
-    return len(services.check_all_hosts())
+    return len(checks.check_all_hosts())
 
 
 def _operation(operation_pk: int) -> None:
@@ -34,8 +34,8 @@ def _operation(operation_pk: int) -> None:
             "deployment__host", "config", "previous_config", "requested_by"
         ),
         operation_pk,
-        services.run_operation,
-        services.fail_operation,
+        operations.run_operation,
+        operations.fail_operation,
         what="the operation",
     )
 
@@ -52,9 +52,9 @@ def restart_engine(operation_pk: int) -> None:
 
 @shared_task(ignore_result=True, **timelimits.POLL_TELEMETRY.options())
 def poll_telemetry() -> int:
-    return services.poll_telemetry()
+    return telemetry.poll_telemetry()
 
 
 @shared_task(**timelimits.DOWNSAMPLE_TELEMETRY.options())
 def downsample_telemetry() -> dict:
-    return services.downsample_telemetry()
+    return telemetry.downsample_telemetry()

@@ -10,10 +10,12 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from hosts import services
 from hosts.choices import OperationKind
 from hosts.forms import HostForm
 from hosts.models import Deployment, EngineOperation, Gpu, GpuSample, Host, HostCheck
+from hosts.services.checks import request_host_check
+from hosts.services.hosts import accept_host_key, create_host, update_host
+from hosts.services.operations import OperationRefused, request_operation
 
 PARTS = {
     "facts": "hosts/_facts.html",
@@ -72,7 +74,7 @@ def host_telemetry(request, pk):
 def host_create(request):
     form = HostForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        host = services.create_host(request.user, form)
+        host = create_host(request.user, form)
         messages.success(request, f"Host {host} added. Test the connection to read its GPUs.")
         return redirect(host)
     return render(request, "hosts/host_form.html", {"form": form})
@@ -83,7 +85,7 @@ def host_edit(request, pk):
     host = get_object_or_404(Host, pk=pk)
     form = HostForm(request.POST or None, instance=host)
     if request.method == "POST" and form.is_valid():
-        services.update_host(request.user, host, form)
+        update_host(request.user, host, form)
         messages.success(request, f"Host {host} saved.")
         return redirect(host)
     return render(request, "hosts/host_form.html", {"form": form, "host": host})
@@ -95,7 +97,7 @@ def host_check(request, pk):
     """ "Test connection": reachability, then the transport itself (token, host key) and the
     inventory."""
     host = get_object_or_404(Host, pk=pk)
-    services.request_host_check(request.user, host)
+    request_host_check(request.user, host)
     if request.headers.get("HX-Request"):
         # No fragment here: the worker may already have moved on, and a snapshot arriving
         # after a live refresh would show an older state. The table re-fetches itself instead.
@@ -113,7 +115,7 @@ def host_accept_key(request, pk):
         # The admin accepts what they saw, not whatever the host offers by the time they click.
         messages.error(request, "The offered key changed since the page was shown: look again.")
         return redirect(host)
-    services.accept_host_key(request.user, host)
+    accept_host_key(request.user, host)
     messages.success(request, f"Host key {offered} accepted for {host}.")
     return redirect(host)
 
@@ -123,8 +125,8 @@ def host_accept_key(request, pk):
 def deployment_restart(request, pk):
     deployment = get_object_or_404(Deployment, pk=pk)
     try:
-        services.request_operation(request.user, deployment, OperationKind.RESTART)
-    except services.OperationRefused as exc:
+        request_operation(request.user, deployment, OperationKind.RESTART)
+    except OperationRefused as exc:
         messages.error(request, str(exc))
     else:
         messages.info(request, f"Restarting {deployment}…")

@@ -240,8 +240,8 @@ def stale_gpu(host, **kw):
 def agent(monkeypatch):
     def use(gpus):
         transport = FakeTransport(gpus)
-        monkeypatch.setattr("hosts.services._poll_transport", lambda host: transport)
-        monkeypatch.setattr("hosts.services.transport_for", lambda host: transport)
+        monkeypatch.setattr("hosts.services.telemetry.poll_transport", lambda host: transport)
+        monkeypatch.setattr("hosts.services.telemetry.transport_for", lambda host: transport)
         return transport
 
     return use

@@ -10,7 +10,7 @@ from celery.worker import state as worker_state
 from controlpanel.celery import app
 from controlpanel.choices import OperationStatus
 from controlpanel.embedded import EmbeddedRuntime
-from hosts import services
+from hosts.services import checks
 from tests.factories import make_host
 
 
@@ -30,7 +30,7 @@ def test_service_call_is_executed_by_the_worker_thread(runtime, operator):
         sock.listen(4)
         host = make_host(port=sock.getsockname()[1])
         before = worker_state.total_count["hosts.tasks.check_host"]
-        check = services.request_host_check(operator, host)
+        check = checks.request_host_check(operator, host)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             check.refresh_from_db()

@@ -8,8 +8,9 @@ from django.utils import timezone
 
 from controlpanel.choices import OperationStatus
 from controlpanel.models import AuditEntry, InvalidTransition
-from hosts import services, tasks
+from hosts import tasks
 from hosts.models import HostCheck
+from hosts.services import checks
 from tests.conftest import free_port
 from tests.factories import make_host
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.django_db
 
 def test_reachable_host(listener):
     check = HostCheck.objects.create(host=make_host(port=listener))
-    services.run_host_check(check)
+    checks.run_host_check(check)
     check.refresh_from_db()
     assert check.status == OperationStatus.SUCCEEDED and check.reachable is True
     assert check.latency_ms is not None and check.latency_ms >= 0
@@ -28,7 +29,7 @@ def test_reachable_host(listener):
 def test_unreachable_host_is_a_finished_check_not_a_failure():
     port = free_port()  # nothing listens there
     check = HostCheck.objects.create(host=make_host(port=port))
-    services.run_host_check(check)
+    checks.run_host_check(check)
     check.refresh_from_db()
     assert check.status == OperationStatus.SUCCEEDED and check.reachable is False
     assert f"127.0.0.1:{port}" in check.detail and check.latency_ms is None
@@ -41,7 +42,7 @@ def test_task_records_an_unexpected_error_on_the_row(monkeypatch):
         check.transition_to(OperationStatus.RUNNING)
         raise RuntimeError("transport exploded")
 
-    monkeypatch.setattr(services, "run_host_check", boom)
+    monkeypatch.setattr(checks, "run_host_check", boom)
     with pytest.raises(RuntimeError):
         tasks.check_host.run(check.pk)
     check.refresh_from_db()
@@ -51,7 +52,7 @@ def test_task_records_an_unexpected_error_on_the_row(monkeypatch):
 
 def test_task_ignores_finished_and_missing_checks(listener):
     check = HostCheck.objects.create(host=make_host(port=listener))
-    services.run_host_check(check)
+    checks.run_host_check(check)
     finished_at = HostCheck.objects.get(pk=check.pk).finished_at
     tasks.check_host.run(check.pk)  # a redelivery does nothing
     assert HostCheck.objects.get(pk=check.pk).finished_at == finished_at
@@ -60,17 +61,17 @@ def test_task_ignores_finished_and_missing_checks(listener):
 
 def test_status_machine_refuses_going_backwards(listener):
     check = HostCheck.objects.create(host=make_host(port=listener))
-    services.run_host_check(check)
+    checks.run_host_check(check)
     with pytest.raises(InvalidTransition):
         check.transition_to(OperationStatus.RUNNING)
 
 
 def test_request_enqueues_after_commit(operator, django_capture_on_commit_callbacks, monkeypatch):
     sent = []
-    monkeypatch.setattr(tasks.check_host, "delay", lambda pk: sent.append(pk))
+    monkeypatch.setattr(tasks.check_host, "apply_async", lambda args, **kw: sent.append(args[0]))
     host = make_host()
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        check = services.request_host_check(operator, host)
+        check = checks.request_host_check(operator, host)
         assert sent == []  # nothing leaves before the row is committed
     for callback in callbacks:
         callback()
@@ -79,20 +80,20 @@ def test_request_enqueues_after_commit(operator, django_capture_on_commit_callba
 
 
 def test_sweep_checks_every_host_and_prunes_old_checks(settings, monkeypatch):
-    monkeypatch.setattr(tasks.check_host, "delay", lambda pk: None)
+    monkeypatch.setattr(tasks.check_host, "apply_async", lambda args, **kw: None)
     a, b = make_host(), make_host()
     old = HostCheck.objects.create(host=a)
     HostCheck.objects.filter(pk=old.pk).update(
         created_at=timezone.now() - timedelta(days=settings.HOST_CHECK_RETENTION_DAYS + 1)
     )
-    checks = services.check_all_hosts()
-    assert {c.host_id for c in checks} == {a.pk, b.pk}
-    assert all(c.requested_by is None for c in checks)
+    queued = checks.check_all_hosts()
+    assert {c.host_id for c in queued} == {a.pk, b.pk}
+    assert all(c.requested_by is None for c in queued)
     assert not HostCheck.objects.filter(pk=old.pk).exists()
 
 
 def test_check_view_queues_a_check_and_tells_htmx_to_refresh(client, operator, monkeypatch):
-    monkeypatch.setattr(tasks.check_host, "delay", lambda pk: None)
+    monkeypatch.setattr(tasks.check_host, "apply_async", lambda args, **kw: None)
     host = make_host()
     client.force_login(operator)
     response = client.post(reverse("hosts:check", args=[host.pk]), HTTP_HX_REQUEST="true")
@@ -105,7 +106,7 @@ def test_check_view_queues_a_check_and_tells_htmx_to_refresh(client, operator, m
 
 
 def test_check_view_without_htmx_redirects_to_the_host(client, operator, monkeypatch):
-    monkeypatch.setattr(tasks.check_host, "delay", lambda pk: None)
+    monkeypatch.setattr(tasks.check_host, "apply_async", lambda args, **kw: None)
     host = make_host()
     client.force_login(operator)
     response = client.post(reverse("hosts:check", args=[host.pk]))

@@ -79,17 +79,17 @@ def test_event_published_from_a_worker_thread_reaches_only_that_hosts_socket(vie
 def test_a_telemetry_reading_is_streamed_to_the_hosts_page(viewer):
     """record_telemetry (what the poller runs in a worker) → the host's socket, one event
     with every GPU's live point, and the other event types the page listens to."""
-    from hosts import services
+    from hosts.services import inventory, telemetry
     from tests.hosts.test_telemetry_store import INVENTORY, reading
 
     host = make_host()
-    services.refresh_inventory(host, INVENTORY)
+    inventory.refresh_inventory(host, INVENTORY)
 
     async def scenario():
         comm, connected, _ = await connect(viewer, host.pk)
         assert connected
         await asyncio.get_running_loop().run_in_executor(
-            None, lambda: services.record_telemetry(host, reading(util=(77, 3)))
+            None, lambda: telemetry.record_telemetry(host, reading(util=(77, 3)))
         )
         events = {}
         while "telemetry" not in events:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from hosts import services
 from hosts.models import EngineConfig, EngineOperation, Gpu, GpuSample, HostCheck
+from hosts.services import checks, operations, telemetry
 from tests.factories import make_host, make_sim_deployment
 from tests.hosts.agent.conftest import AgentProcess
 
@@ -35,7 +35,7 @@ def fleet(agent):
 
 def run(operation: EngineOperation) -> EngineOperation:
     """What the Celery task does with the row (the task itself is exercised elsewhere)."""
-    services.run_operation(
+    operations.run_operation(
         EngineOperation.objects.select_related("deployment__host").get(pk=operation.pk)
     )
     operation.refresh_from_db()
@@ -45,7 +45,7 @@ def run(operation: EngineOperation) -> EngineOperation:
 def test_test_connection_reads_the_inventory(fleet):
     host, _, _ = fleet
     check = HostCheck.objects.create(host=host)
-    services.run_host_check(check)
+    checks.run_host_check(check)
     check.refresh_from_db()
     host.refresh_from_db()
     assert check.reachable and "telemetry from simulator" in check.detail, check.detail
@@ -59,7 +59,7 @@ def test_wrong_token_is_reported_as_refused_credentials(fleet):
     host.agent_token = "not-the-token"
     host.save()
     check = HostCheck.objects.create(host=host)
-    services.run_host_check(check)
+    checks.run_host_check(check)
     host.refresh_from_db()
     assert host.status == "auth_failed" and "credentials refused" in check.detail
 
@@ -67,13 +67,13 @@ def test_wrong_token_is_reported_as_refused_credentials(fleet):
 def test_apply_rollback_restart_and_telemetry(fleet, operator):
     host, deployment, good = fleet
     # Good config → ready, and it becomes the deployment's last good config.
-    op = run(services.request_operation(operator, deployment, "apply", good))
+    op = run(operations.request_operation(operator, deployment, "apply", good))
     assert op.status == "succeeded" and op.outcome == "ready", (op.error, op.engine_log)
     deployment.refresh_from_db()
     assert deployment.active_config == good and deployment.status == "running"
 
     # Telemetry: a sample per GPU, the engine's reserved memory visible on GPU0.
-    assert services.poll_telemetry() == 2
+    assert telemetry.poll_telemetry() == 2
     gpu0 = Gpu.objects.get(host=host, index=0)
     assert GpuSample.objects.filter(gpu=gpu0).count() == 1
     assert gpu0.last_sample["memory_used_bytes"] > 60 * 2**30
@@ -82,7 +82,7 @@ def test_apply_rollback_restart_and_telemetry(fleet, operator):
 
     # A config the engine cannot start with → rolled back, the error on the record.
     bad = EngineConfig.objects.create_next(deployment, {"gpu_memory_utilization": 0.1})
-    op = run(services.request_operation(operator, deployment, "apply", bad))
+    op = run(operations.request_operation(operator, deployment, "apply", bad))
     assert op.status == "failed" and op.outcome == "rolled_back"
     assert "No available memory for the cache blocks" in op.engine_log, op.engine_log
     deployment.refresh_from_db()
@@ -90,6 +90,6 @@ def test_apply_rollback_restart_and_telemetry(fleet, operator):
     assert f"v{bad.version} failed; back on v{good.version}" in deployment.status_detail
 
     # Restart runs the stored (good) config again.
-    op = run(services.request_operation(operator, deployment, "restart"))
+    op = run(operations.request_operation(operator, deployment, "restart"))
     assert op.outcome == "ready" and op.config == good
     assert "restarting with v1" in op.log

@@ -11,8 +11,9 @@ import sys
 import pytest
 
 from controlpanel.models import AuditEntry
-from hosts import services
 from hosts.models import EngineConfig, EngineOperation, HostCheck
+from hosts.services import checks, operations, telemetry, transports
+from hosts.services.hosts import accept_host_key
 from tests.factories import make_host, make_sim_deployment
 from tests.hosts.transport import sshd as sshd_mod
 from tests.hosts.transport.conftest import fresh_sshd, ssh_keys  # noqa: F401 - fixtures
@@ -37,7 +38,7 @@ def ssh_host(ssh_keys, fresh_sshd, settings, tmp_path):  # noqa: F811
     # Engines the test left running on the "remote" side.
     for deployment in host.deployments.all():
         try:
-            with services.transport_for(host) as transport:
+            with transports.transport_for(host) as transport:
                 transport.stop_engine(deployment.name)
         except Exception:  # noqa: BLE001 - best effort in teardown
             pass
@@ -45,7 +46,7 @@ def ssh_host(ssh_keys, fresh_sshd, settings, tmp_path):  # noqa: F811
 
 def check(host) -> HostCheck:
     c = HostCheck.objects.create(host=host)
-    services.run_host_check(c)
+    checks.run_host_check(c)
     c.refresh_from_db()
     host.refresh_from_db()
     return c
@@ -59,7 +60,7 @@ def test_first_contact_accept_then_a_changed_key_is_refused(ssh_host, ssh_keys, 
     assert "an admin must accept it" in first.detail
     assert "Accepted publickey" not in server.log()  # nothing authenticated before acceptance
 
-    host = services.accept_host_key(admin, host)
+    host = accept_host_key(admin, host)
     check(host)
     assert host.status == "online", host.last_error
     assert host.ssh_host_key_fingerprint == expected and host.cpu_count
@@ -74,23 +75,23 @@ def test_first_contact_accept_then_a_changed_key_is_refused(ssh_host, ssh_keys, 
     )
     assert host.ssh_host_key_fingerprint == expected  # the stored key is not replaced
     assert AuditEntry.objects.filter(action="host.host_key_changed").exists()
-    assert services.poll_telemetry() == 0
+    assert telemetry.poll_telemetry() == 0
 
 
 def test_apply_and_rollback_over_ssh(ssh_host, admin, operator):
     host, server = ssh_host
     check(host)
-    host = services.accept_host_key(admin, host)
+    host = accept_host_key(admin, host)
     deployment = make_sim_deployment(host, name="llama-ssh")
     good = EngineConfig.objects.create_next(deployment, {"max_model_len": 8192})
-    op = services.request_operation(operator, deployment, "apply", good)
-    services.run_operation(EngineOperation.objects.get(pk=op.pk))
+    op = operations.request_operation(operator, deployment, "apply", good)
+    operations.run_operation(EngineOperation.objects.get(pk=op.pk))
     op.refresh_from_db()
     assert op.outcome == "ready", (op.error, op.engine_log)
 
     bad = EngineConfig.objects.create_next(deployment, {"gpu_memory_utilization": 0.1})
-    op = services.request_operation(operator, deployment, "apply", bad)
-    services.run_operation(EngineOperation.objects.get(pk=op.pk))
+    op = operations.request_operation(operator, deployment, "apply", bad)
+    operations.run_operation(EngineOperation.objects.get(pk=op.pk))
     op.refresh_from_db()
     deployment.refresh_from_db()
     assert op.outcome == "rolled_back"
@@ -100,6 +101,6 @@ def test_apply_and_rollback_over_ssh(ssh_host, admin, operator):
     # Telemetry over SSH: no nvidia-smi here, so the simulator engine's readings, said so.
     host.status = "online"
     host.save()
-    assert services.poll_telemetry() == 1
+    assert telemetry.poll_telemetry() == 1
     host.refresh_from_db()
     assert host.telemetry_source == "simulator"

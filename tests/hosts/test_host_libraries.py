@@ -13,9 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from hosts import services
 from hosts.agent.host import LIBRARIES, library_versions
 from hosts.models import HostCheck
+from hosts.services import checks
 from hosts.transport import ssh as ssh_module
 from hosts.transport.ssh import LIBRARIES_PY, Result, SshTransport
 from tests.factories import make_host
@@ -125,15 +125,15 @@ def fake_agent():
 def test_a_host_check_stores_what_the_agent_reported(fake_agent, monkeypatch):
     host = make_host(port=fake_agent)
     monkeypatch.setattr(FakeAgent, "libraries", dict(FAKE))
-    services.run_host_check(HostCheck.objects.create(host=host))
+    checks.run_host_check(HostCheck.objects.create(host=host))
     host.refresh_from_db()
     assert host.libraries == FAKE and host.agent_version == "0.1.0"
     # An upgrade shows at the next check; an agent that sends rubbish stores nothing odd.
     monkeypatch.setattr(FakeAgent, "libraries", {"vllm": "0.12.0"})
-    services.run_host_check(HostCheck.objects.create(host=host))
+    checks.run_host_check(HostCheck.objects.create(host=host))
     host.refresh_from_db()
     assert host.libraries == {"vllm": "0.12.0"}
     monkeypatch.setattr(FakeAgent, "libraries", ["vllm"])
-    services.run_host_check(HostCheck.objects.create(host=host))
+    checks.run_host_check(HostCheck.objects.create(host=host))
     host.refresh_from_db()
     assert host.libraries == {}

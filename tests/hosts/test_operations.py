@@ -5,8 +5,8 @@ from django.db import IntegrityError, transaction
 from django.urls import reverse
 
 from controlpanel.models import AuditEntry
-from hosts import services
 from hosts.models import EngineOperation
+from hosts.services import operations
 from tests.factories import make_config, make_deployment
 
 pytestmark = pytest.mark.django_db
@@ -15,13 +15,13 @@ pytestmark = pytest.mark.django_db
 def test_one_operation_at_a_time_per_deployment(operator):
     deployment = make_deployment()
     v1 = make_config(deployment)
-    first = services.request_operation(operator, deployment, "apply", v1)
+    first = operations.request_operation(operator, deployment, "apply", v1)
     assert first.status == "queued" and first.previous_config is None
-    with pytest.raises(services.OperationRefused, match=f"#{first.pk} by {operator}"):
-        services.request_operation(operator, deployment, "restart")
+    with pytest.raises(operations.OperationRefused, match=f"#{first.pk} by {operator}"):
+        operations.request_operation(operator, deployment, "restart")
     # Another deployment is not blocked.
     other = make_deployment(deployment.host)
-    services.request_operation(operator, other, "apply", make_config(other))
+    operations.request_operation(operator, other, "apply", make_config(other))
     assert AuditEntry.objects.filter(action="deployment.apply").count() == 2
 
 
@@ -40,11 +40,11 @@ def test_the_database_itself_refuses_a_second_active_operation():
 
 def test_operations_need_something_to_run(operator):
     deployment = make_deployment()
-    with pytest.raises(services.OperationRefused, match="no config to restart"):
-        services.request_operation(operator, deployment, "restart")
+    with pytest.raises(operations.OperationRefused, match="no config to restart"):
+        operations.request_operation(operator, deployment, "restart")
     foreign = make_config(make_deployment())
-    with pytest.raises(services.OperationRefused, match="config version of this deployment"):
-        services.request_operation(operator, deployment, "apply", foreign)
+    with pytest.raises(operations.OperationRefused, match="config version of this deployment"):
+        operations.request_operation(operator, deployment, "apply", foreign)
     assert not EngineOperation.objects.exists()
 
 
@@ -58,11 +58,11 @@ def test_restart_button_reports_a_refusal(client, operator):
 def test_an_invalid_config_fails_before_the_host_is_contacted(monkeypatch, operator):
     deployment = make_deployment()
     config = make_config(deployment, {"max_num_seqs": 256}, env={"LD_PRELOAD": "/evil.so"})
-    operation = services.request_operation(operator, deployment, "apply", config)
+    operation = operations.request_operation(operator, deployment, "apply", config)
     monkeypatch.setattr(
-        services, "transport_for", lambda host: pytest.fail("the host must not be contacted")
+        operations, "transport_for", lambda host: pytest.fail("the host must not be contacted")
     )
-    services.run_operation(operation)
+    operations.run_operation(operation)
     operation.refresh_from_db()
     assert operation.status == "failed" and operation.outcome == "failed"
     assert "LD_PRELOAD" in operation.error and "refused before contacting" in operation.log

@@ -6,8 +6,8 @@ from django.db import connection
 from django.urls import reverse
 
 from controlpanel import crypto
-from hosts import services
 from hosts.models import Host
+from hosts.services import transports
 from hosts.transport.base import TransportError
 from tests.factories import make_host, ssh_private_key
 
@@ -56,7 +56,7 @@ def test_an_unreadable_secret_is_kept_and_refused_as_a_credential(settings):
     host.save()
     assert stored(host, "agent_token") == before  # saving did not destroy it
     with pytest.raises(TransportError, match="cannot be decrypted"):
-        services.transport_for(host)
+        transports.transport_for(host)
     with pytest.raises(crypto.DecryptionError):
         crypto.reveal(host.agent_token)
 
@@ -148,8 +148,8 @@ def test_an_operation_uses_its_deployments_launch_style():
     )
     docker = make_deployment(host, launch_style="docker", docker_image="vllm/vllm-openai:v0.11.0")
     make_deployment(host, launch_style="systemd")
-    with services.transport_for(host, docker) as transport:
+    with transports.transport_for(host, docker) as transport:
         assert transport.launch_style == "docker"
         assert transport.docker_image == "vllm/vllm-openai:v0.11.0"
-    with services.transport_for(host) as transport:
+    with transports.transport_for(host) as transport:
         assert transport.launch_style == "process"  # mixed styles: reading needs no style

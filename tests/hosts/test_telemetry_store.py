@@ -6,8 +6,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from hosts import services
 from hosts.models import Deployment, Gpu, GpuSample, GpuSampleMinute
+from hosts.services import inventory, telemetry
 from tests.factories import make_config, make_deployment, make_host
 
 pytestmark = pytest.mark.django_db
@@ -74,14 +74,14 @@ def reading(util=(50, 0), power=(400.0, 70.0), reasons=(0, 1), t=None, engines=N
 
 def test_inventory_creates_and_updates_gpus_by_uuid():
     host = make_host()
-    services.refresh_inventory(host, INVENTORY)
+    inventory.refresh_inventory(host, INVENTORY)
     host.refresh_from_db()
     assert host.status == "online" and host.cpu_count == 64 and host.driver_version == "570.124.06"
     assert [g.cpu_affinity for g in host.gpus.order_by("index")] == ["0-31", "32-63"]
     gpu0 = Gpu.objects.get(uuid="GPU-aaaa-0")
     # The two cards swapped slots: same rows (history kept), new indexes.
     swapped = dict(INVENTORY, gpus=[dict(g, index=1 - g["index"]) for g in INVENTORY["gpus"]])
-    services.refresh_inventory(host, swapped)
+    inventory.refresh_inventory(host, swapped)
     assert Gpu.objects.filter(host=host).count() == 2
     gpu0.refresh_from_db()
     assert gpu0.index == 1
@@ -89,10 +89,10 @@ def test_inventory_creates_and_updates_gpus_by_uuid():
 
 def test_telemetry_becomes_samples_latest_readings_and_engine_states():
     host = make_host()
-    services.refresh_inventory(host, INVENTORY)
+    inventory.refresh_inventory(host, INVENTORY)
     deployment = make_deployment(host, name="chat")
     make_config(deployment)
-    stored = services.record_telemetry(
+    stored = telemetry.record_telemetry(
         host, reading(engines={"chat": {"state": "ready", "pid": 42}})
     )
     assert stored == 2 and GpuSample.objects.count() == 2
@@ -103,7 +103,7 @@ def test_telemetry_becomes_samples_latest_readings_and_engine_states():
     assert gpu0.last_sample["missing"] == ["ecc_corrected"]
     # GPU1 is idle (reason 0x1): clocking down when idle is not a throttle worth a badge.
     assert Gpu.objects.get(uuid="GPU-aaaa-1").throttle_reasons == []
-    services.record_telemetry(host, reading(reasons=(4, 1)))
+    telemetry.record_telemetry(host, reading(reasons=(4, 1)))
     assert Gpu.objects.get(uuid="GPU-aaaa-0").throttle_reasons == ["SwPowerCap"]
     host.refresh_from_db()
     assert host.host_readings["cpu_percent"] == 12.5 and host.last_seen_at is not None
@@ -112,7 +112,7 @@ def test_telemetry_becomes_samples_latest_readings_and_engine_states():
 
 def test_a_new_gpu_in_telemetry_is_not_dropped_silently(monkeypatch):
     host = make_host()
-    services.refresh_inventory(host, dict(INVENTORY, gpus=INVENTORY["gpus"][:1]))
+    inventory.refresh_inventory(host, dict(INVENTORY, gpus=INVENTORY["gpus"][:1]))
     asked = []
 
     class Inventory:
@@ -126,8 +126,8 @@ def test_a_new_gpu_in_telemetry_is_not_dropped_silently(monkeypatch):
             asked.append(True)
             return INVENTORY
 
-    monkeypatch.setattr(services, "transport_for", lambda h: Inventory())
-    assert services.record_telemetry(host, reading()) == 2
+    monkeypatch.setattr(telemetry, "transport_for", lambda h: Inventory())
+    assert telemetry.record_telemetry(host, reading()) == 2
     assert asked and host.gpus.count() == 2
 
 
@@ -146,7 +146,7 @@ def sample_at(gpu, when, util, power, reasons=0):
 
 def test_downsampling_aggregates_minutes_and_keeps_retention(settings):
     host = make_host()
-    services.refresh_inventory(host, INVENTORY)
+    inventory.refresh_inventory(host, INVENTORY)
     gpu = Gpu.objects.get(uuid="GPU-aaaa-0")
     now = timezone.now().replace(second=30, microsecond=0)
     base = now.replace(second=0) - timedelta(minutes=90)
@@ -162,7 +162,7 @@ def test_downsampling_aggregates_minutes_and_keeps_retention(settings):
     ancient = GpuSampleMinute.objects.create(
         gpu=gpu, minute=now - timedelta(days=31), samples=1, utilization_avg=1
     )
-    result = services.downsample_telemetry(now)
+    result = telemetry.downsample_telemetry(now)
     assert result["aggregated"] == 90  # the current minute waits until it is complete
     first = GpuSampleMinute.objects.get(gpu=gpu, minute=base)
     assert first.samples == 6 and first.utilization_avg == 25 and first.utilization_max == 50
@@ -174,7 +174,7 @@ def test_downsampling_aggregates_minutes_and_keeps_retention(settings):
     assert GpuSample.objects.filter(time__gte=cutoff).count() == 6 * 60 + 1  # both ends
     assert not GpuSampleMinute.objects.filter(pk=ancient.pk).exists()
     # Again: nothing is counted twice.
-    again = services.downsample_telemetry(now)
+    again = telemetry.downsample_telemetry(now)
     assert GpuSampleMinute.objects.get(gpu=gpu, minute=base).samples == 6
     assert again["raw_deleted"] == 0
 
@@ -182,13 +182,13 @@ def test_downsampling_aggregates_minutes_and_keeps_retention(settings):
 def test_a_paused_downsampler_loses_no_samples():
     """Raw rows are only deleted once they are folded into minutes, however long beat slept."""
     host = make_host()
-    services.refresh_inventory(host, INVENTORY)
+    inventory.refresh_inventory(host, INVENTORY)
     gpu = Gpu.objects.get(uuid="GPU-aaaa-0")
     now = timezone.now().replace(second=0, microsecond=0)
     GpuSampleMinute.objects.create(gpu=gpu, minute=now - timedelta(hours=3), samples=1)
     GpuSample.objects.bulk_create(
         [sample_at(gpu, now - timedelta(hours=2, minutes=m), 40, 200) for m in range(3)]
     )
-    services.downsample_telemetry(now)
+    telemetry.downsample_telemetry(now)
     assert GpuSampleMinute.objects.filter(gpu=gpu).count() == 4
     assert GpuSample.objects.count() == 0

@@ -12,8 +12,8 @@ from celery import Celery
 from cryptography.fernet import Fernet
 from django.utils import timezone
 
-from hosts import services
 from hosts.models import EngineConfig, EngineOperation, GpuSample, GpuSampleMinute
+from hosts.services import telemetry
 from tests.factories import make_host, make_sim_deployment
 from tests.hosts.agent.conftest import AgentProcess
 from tests.integration.processes import compose_command, wait_until
@@ -95,7 +95,7 @@ def test_worker_applies_through_the_agent_and_beat_polls_into_postgres(
             for s in range(0, 60, 5)
         ]
     )
-    services.downsample_telemetry()
+    telemetry.downsample_telemetry()
     minute = GpuSampleMinute.objects.get(gpu=gpu, minute=old.replace(second=0, microsecond=0))
     assert minute.samples == sum(1 for s in range(0, 60, 5) if (old.second + s) < 60)
     assert not GpuSample.objects.filter(time__lt=timezone.now() - timedelta(hours=1)).exists()

@@ -1,0 +1,307 @@
+"""Telemetry: poll every host (in parallel, each through its cached transport), store what a
+reading says (GPU samples, the newest reading on each GPU, host readings, engine states), tell
+the host's live page, and fold 1-second samples into 1-minute aggregates."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Avg, Count, Max, Min, Q
+from django.db.models.functions import TruncMinute
+from django.utils import timezone
+
+from controlpanel.realtime import group_name, publish
+from hosts.choices import DeploymentStatus, HostStatus
+from hosts.models import (
+    ACTIVE_STATUSES,
+    Deployment,
+    EngineOperation,
+    Gpu,
+    GpuSample,
+    GpuSampleMinute,
+    Host,
+    clock_events,
+)
+from hosts.services.hosts import offer_host_key, set_status
+from hosts.services.inventory import refresh_inventory
+from hosts.services.transports import forget_transport, poll_transport, transport_for
+from hosts.transport.base import GPU_READING_FIELDS, AuthError, HostKeyMismatch, TransportError
+
+log = logging.getLogger(__name__)
+
+SAMPLE_FIELDS = {
+    # GpuSample field: telemetry key
+    "utilization_pct": "utilization_gpu_pct",
+    "memory_used_bytes": "memory_used_bytes",
+    "power_w": "power_w",
+    "power_limit_w": "power_limit_w",
+    "temperature_c": "temperature_c",
+    "sm_clock_mhz": "sm_clock_mhz",
+    "mem_clock_mhz": "mem_clock_mhz",
+    "clocks_event_reasons": "clocks_event_reasons",
+    "pcie_tx_kbps": "pcie_tx_kbps",
+    "pcie_rx_kbps": "pcie_rx_kbps",
+}
+# What the Gpu row keeps of the newest reading: the measurements (identity and placement
+# are columns of their own), and which metrics the driver left out.
+LAST_SAMPLE_KEYS = (
+    *(
+        f
+        for f in GPU_READING_FIELDS
+        if f not in ("index", "uuid", "name", "numa_node", "cpu_affinity")
+    ),
+    "missing",
+)
+ENGINE_STATES = {
+    "ready": DeploymentStatus.RUNNING,
+    "starting": DeploymentStatus.STARTING,
+    "stopped": DeploymentStatus.STOPPED,
+    "failed": DeploymentStatus.FAILED,
+}
+POLL_BACKOFF = timedelta(seconds=15)  # how often a host that is down is tried again
+MINUTE_FIELDS = [
+    "samples",
+    "utilization_avg",
+    "utilization_max",
+    "memory_used_max",
+    "power_avg",
+    "power_max",
+    "temperature_max",
+    "sm_clock_avg",
+    "sm_clock_min",
+    "throttled_samples",
+]
+
+
+# --- polling -----------------------------------------------------------------------------------
+def poll_telemetry() -> int:
+    """The beat task's body: one reading from every host that can be asked, in parallel."""
+    now = timezone.now()
+    hosts = [
+        host
+        for host in Host.objects.prefetch_related("gpus", "deployments__gpus")
+        if host.has_credentials
+        and host.status not in (HostStatus.HOST_KEY, HostStatus.HOST_KEY_CHANGED)
+        and (
+            host.status == HostStatus.ONLINE
+            or host.last_poll_at is None
+            or now - host.last_poll_at >= POLL_BACKOFF
+        )
+    ]
+    if len(hosts) <= 1:
+        return sum(_poll_one(host) for host in hosts)
+    # Hosts answer at their own pace: one slow or unreachable host must not delay the rest.
+    with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+        return sum(pool.map(_poll_in_thread, hosts))
+
+
+def poll_host(host: Host) -> int:
+    """One telemetry reading from ``host`` now (a benchmark that finds the samples stale
+    because no beat is polling); the same path as beat's, recorded the same way."""
+    return _poll_one(host)
+
+
+def _poll_in_thread(host: Host) -> int:
+    try:
+        return _poll_one(host)
+    finally:
+        connection.close()  # the pool thread's own connection
+
+
+def _poll_one(host: Host) -> int:
+    try:
+        try:
+            reading = poll_transport(host).telemetry()
+        except HostKeyMismatch as exc:
+            forget_transport(host.pk)
+            offer_host_key(host, exc)
+            return 0
+        except AuthError as exc:
+            forget_transport(host.pk)
+            set_status(host, HostStatus.AUTH_FAILED, str(exc))
+            return 0
+        except TransportError as exc:
+            forget_transport(host.pk)
+            set_status(host, HostStatus.UNREACHABLE, str(exc))
+            return 0
+        return record_telemetry(host, reading)
+    except Exception:
+        log.exception("telemetry of %s failed", host.name)
+        return 0
+
+
+# --- recording ---------------------------------------------------------------------------------
+def record_telemetry(host: Host, reading: dict, *, when: datetime | None = None) -> int:
+    """Store one telemetry reading: a ``GpuSample`` per GPU, the latest reading on each
+    ``Gpu``, host readings and engine states; then tell the host's live page."""
+    when = when or (
+        datetime.fromtimestamp(reading["time"], tz=UTC) if reading.get("time") else timezone.now()
+    )
+    gpus, by_index = _known_gpus(host, reading)
+    samples, live = [], []
+    holders: dict[int, set[int]] = {}  # GPU pk → pids of the processes using it
+    for item in reading.get("gpus") or []:
+        gpu = gpus.get(item.get("uuid")) or by_index.get(item.get("index"))
+        if gpu is None:
+            continue
+        holders[gpu.pk] = {p.get("pid") for p in item.get("processes") or []}
+        samples.append(
+            GpuSample(gpu=gpu, time=when, **{f: item.get(k) for f, k in SAMPLE_FIELDS.items()})
+        )
+        gpu.last_sample = {k: item.get(k) for k in LAST_SAMPLE_KEYS}
+        gpu.last_sample_at = when
+        live.append(_live_point(gpu, item))
+    with transaction.atomic():
+        GpuSample.objects.bulk_create(samples)
+        Gpu.objects.bulk_update(
+            [s.gpu for s in samples], ["last_sample", "last_sample_at"], batch_size=100
+        )
+        Host.objects.filter(pk=host.pk).update(
+            host_readings=reading.get("host") or {},
+            telemetry_source=(reading.get("source") or "")[:20],
+            telemetry_note=(reading.get("note") or "")[:300],
+        )
+        _engine_states(host, reading.get("engines") or {}, when, holders)
+    if host.status != HostStatus.ONLINE:
+        set_status(host, HostStatus.ONLINE)
+    else:
+        Host.objects.filter(pk=host.pk).update(last_seen_at=when, last_poll_at=when)
+    publish(
+        group_name("host", host.pk),
+        "telemetry",
+        {"t": int(when.timestamp() * 1000), "gpus": live, "host": reading.get("host") or {}},
+    )
+    return len(samples)
+
+
+def _known_gpus(host: Host, reading: dict) -> tuple[dict[str, Gpu], dict[int, Gpu]]:
+    """The host's GPUs by UUID and by index, learning the inventory first when the reading
+    names a GPU we have not seen (rare: a new host, a swapped card)."""
+    gpus = {g.uuid: g for g in host.gpus.all()}
+    by_index = {g.index: g for g in gpus.values()}
+    if any(
+        (item.get("uuid") not in gpus and item.get("index") not in by_index)
+        for item in reading.get("gpus") or []
+    ):
+        try:
+            with transport_for(host) as transport:
+                refresh_inventory(host, transport.inventory())
+        except TransportError as exc:
+            log.warning("inventory of %s failed: %s", host.name, exc)
+        gpus = {g.uuid: g for g in Gpu.objects.filter(host=host)}  # not the prefetched list
+        by_index = {g.index: g for g in gpus.values()}
+    return gpus, by_index
+
+
+def _live_point(gpu: Gpu, item: dict) -> dict:
+    used = item.get("memory_used_bytes")
+    return {
+        "gpu": gpu.pk,
+        "index": gpu.index,
+        "utilization_pct": item.get("utilization_gpu_pct"),
+        "memory_used_gib": None if used is None else round(used / 2**30, 2),
+        "memory_total_gib": round(gpu.memory_bytes / 2**30, 1),
+        "power_w": item.get("power_w"),
+        "power_limit_w": item.get("power_limit_w"),
+        "temperature_c": item.get("temperature_c"),
+        "sm_clock_mhz": item.get("sm_clock_mhz"),
+        "throttle_reasons": clock_events(item.get("throttle_reasons")),
+    }
+
+
+def _engine_states(host: Host, engines: dict, when: datetime, holders: dict) -> None:
+    busy = set(
+        EngineOperation.objects.filter(
+            deployment__host=host, status__in=ACTIVE_STATUSES
+        ).values_list("deployment_id", flat=True)
+    )
+    for deployment in host.deployments.all():
+        state = engines.get(deployment.name)
+        if state is None:
+            continue  # not known to the host
+        # Which GPUs the engine really uses: those whose processes are the engine's.
+        pids = set(state.get("pids") or []) - {None}
+        used = sorted(pk for pk, procs in holders.items() if pids & procs)
+        if used and used != sorted(g.pk for g in deployment.gpus.all()):
+            deployment.gpus.set(used)
+        if deployment.pk in busy:
+            continue  # an operation owns the status right now
+        status = ENGINE_STATES.get(state.get("state"), DeploymentStatus.UNKNOWN)
+        if status != deployment.status:
+            Deployment.objects.filter(pk=deployment.pk).update(status=status, status_at=when)
+
+
+# --- downsampling ------------------------------------------------------------------------------
+def downsample_telemetry(now: datetime | None = None) -> dict:
+    """Fold 1-second samples into 1-minute aggregates, then forget what is past retention:
+    raw samples after ``TELEMETRY_RAW_RETENTION_MINUTES``, minutes after
+    ``TELEMETRY_MINUTE_RETENTION_DAYS``. Idempotent: a minute is recomputed, not added twice."""
+    now = now or timezone.now()
+    this_minute = now.replace(second=0, microsecond=0)
+    minutes = _minute_aggregates(this_minute)
+    GpuSampleMinute.objects.bulk_create(
+        minutes,
+        batch_size=500,
+        update_conflicts=True,
+        unique_fields=["gpu", "minute"],
+        update_fields=MINUTE_FIELDS,
+    )
+    raw_cutoff = now - timedelta(minutes=settings.TELEMETRY_RAW_RETENTION_MINUTES)
+    raw_deleted, _ = GpuSample.objects.filter(time__lt=min(raw_cutoff, this_minute)).delete()
+    minute_cutoff = now - timedelta(days=settings.TELEMETRY_MINUTE_RETENTION_DAYS)
+    minutes_deleted, _ = GpuSampleMinute.objects.filter(minute__lt=minute_cutoff).delete()
+    return {
+        "aggregated": len(minutes),
+        "raw_deleted": raw_deleted,
+        "minutes_deleted": minutes_deleted,
+    }
+
+
+def _minute_aggregates(this_minute: datetime) -> list[GpuSampleMinute]:
+    """One unsaved ``GpuSampleMinute`` per GPU and minute of the raw samples to fold.
+
+    Everything since the newest stored minute (inclusive: late samples of that minute) and
+    nothing of the minute still filling. After a pause of the scheduler this picks up the
+    backlog, so raw rows are never deleted unaggregated."""
+    newest = GpuSampleMinute.objects.aggregate(m=Max("minute"))["m"]
+    raw = GpuSample.objects.filter(time__lt=this_minute)
+    if newest is not None:
+        raw = raw.filter(time__gte=newest)
+    rows = (
+        raw.annotate(m=TruncMinute("time"))
+        .values("gpu_id", "m")
+        .annotate(
+            n=Count("id"),
+            util_avg=Avg("utilization_pct"),
+            util_max=Max("utilization_pct"),
+            mem_max=Max("memory_used_bytes"),
+            power_avg=Avg("power_w"),
+            power_max=Max("power_w"),
+            temp_max=Max("temperature_c"),
+            sm_avg=Avg("sm_clock_mhz"),
+            sm_min=Min("sm_clock_mhz"),
+            # Idle is bit 0x1: any other reason makes the mask 2 or more.
+            throttled=Count("id", filter=Q(clocks_event_reasons__gt=1)),
+        )
+    )
+    return [
+        GpuSampleMinute(
+            gpu_id=r["gpu_id"],
+            minute=r["m"],
+            samples=r["n"],
+            utilization_avg=r["util_avg"],
+            utilization_max=r["util_max"],
+            memory_used_max=r["mem_max"],
+            power_avg=r["power_avg"],
+            power_max=r["power_max"],
+            temperature_max=r["temp_max"],
+            sm_clock_avg=r["sm_avg"],
+            sm_clock_min=r["sm_min"],
+            throttled_samples=r["throttled"],
+        )
+        for r in rows
+    ]
