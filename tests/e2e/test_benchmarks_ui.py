@@ -4,16 +4,9 @@ again, compare the two runs, price them."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
 from tests.conftest import free_port
-from tests.e2e.test_embedded_mode import browser, panel  # noqa: F401 - shared fixtures
-from tests.integration.processes import ROOT
 
 pytestmark = pytest.mark.e2e
 
@@ -31,29 +24,6 @@ profile = LoadProfile.objects.create_next("e2e-small", {
 deployment = Deployment.objects.get(name="llama-8b")
 print(json.dumps({"profile": profile.pk, "deployment": deployment.pk}))
 """
-
-
-def seed(tmp_path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env["VAR_DIR"] = str(tmp_path / "var")
-    out = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", SEED],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
-def login(page, base, user, password):
-    page.goto(base + "/accounts/login/")
-    page.fill("#id_username", user)
-    page.fill("#id_password", password)
-    page.click("button[type=submit]")
-    page.wait_for_url(base + "/")
 
 
 # The TTFT chart's plot, and what Plotly.newPlot (a new .main-svg) or Plotly.react (new trace
@@ -82,16 +52,6 @@ COVERAGE = f"""async () => {{
 }}"""
 
 
-def fail(page, panel_process, what):
-    return AssertionError(
-        what
-        + ":\n"
-        + page.inner_text("main")[:3000]
-        + "\n--- panel log ---\n"
-        + panel_process.output()[-4000:]
-    )
-
-
 def assert_no_gap(page):
     """Every second the server stored is on the chart, once, in order. While the run goes a
     point may be stored between the two reads: then the next try sees it on the chart."""
@@ -105,7 +65,7 @@ def assert_no_gap(page):
     return cover
 
 
-def drop_the_socket(page, panel_process):
+def drop_the_socket(page, panel):
     """Close the run's WebSocket and hold reconnects off for a few seconds (as a network
     outage would), then let it reconnect: the missed seconds must be backfilled."""
     before = page.evaluate(f"() => {{ const x = {CHART}.data[1].x; return x[x.length - 1]; }}")
@@ -129,7 +89,7 @@ def drop_the_socket(page, panel_process):
         page.wait_for_selector("[data-run][data-live-connected=true]", timeout=30000)
         page.wait_for_function(f"() => window.__runLive.backfills > {backfills}", timeout=15000)
     except Exception:
-        raise fail(page, panel_process, "the page did not reconnect and backfill") from None
+        raise panel.failure(page, "the page did not reconnect and backfill") from None
     cover = assert_no_gap(page)
     # The socket was down from just after `before` until well after before + 5 s: the run went
     # on meanwhile, so there was a gap to fill, and it is filled.
@@ -138,7 +98,8 @@ def drop_the_socket(page, panel_process):
     assert page.evaluate(SAME), "the reconnect redrew the chart instead of extending it"
 
 
-def run_once(page, base, ids, label, panel_process, drop_socket=False) -> int:
+def run_once(page, panel, ids, label, drop_socket=False) -> int:
+    base = panel.url
     page.goto(f"{base}/benchmarks/new/?profile={ids['profile']}&deployment={ids['deployment']}")
     page.fill("#id_label", label)
     page.get_by_test_id("start-run").click()
@@ -157,12 +118,12 @@ def run_once(page, base, ids, label, panel_process, drop_socket=False) -> int:
         assert page.evaluate("() => window.__runLive.backfills") == 1
         assert page.evaluate(SAME), "the chart was redrawn instead of extended in place"
         if drop_socket:
-            drop_the_socket(page, panel_process)
+            drop_the_socket(page, panel)
         page.wait_for_selector("[data-run-status=succeeded]", timeout=120000)
     except AssertionError:
         raise
     except Exception:
-        raise fail(page, panel_process, "the run did not stream and succeed") from None
+        raise panel.failure(page, "the run did not stream and succeed") from None
     # The results fragment is refreshed by htmx when the status event (or, after an outage,
     # the backfill) says the run ended.
     page.get_by_test_id("run-results").wait_for(timeout=15000)
@@ -210,35 +171,25 @@ def check_merge_and_scatter_cap(page):
     assert page.evaluate(SAME)
 
 
-def test_launch_watch_compare_and_price_runs(panel, browser, tmp_path):  # noqa: F811
-    base = panel["url"]
-    ids = seed(tmp_path)
+def test_launch_watch_compare_and_price_runs(panel, browser, tmp_path):
+    base = panel.url
+    ids = panel.seed(SEED)
     page = browser.new_page()
     failures = []
     page.on("pageerror", lambda error: failures.append(str(error)))
     requested = []
     page.on("request", lambda request: requested.append(request.url))
-    login(page, base, "operator", panel["password"])
+    panel.log_in(page, "operator")
 
-    page.goto(f"{base}/hosts/")
-    page.locator("tr[data-host=sim-h100-01] >> text=Online").wait_for(timeout=90000)
+    panel.wait_for_demo_host(page)
     page.click("text=sim-h100-01")
-    # Looked up afresh on every try: htmx re-renders the deployments table as their
-    # status changes, so a handle taken earlier may point at a detached row.
-    page.wait_for_function(
-        """() => {
-        const s = document.querySelector(
-            'tr[data-deployment=llama-8b] [data-testid=deployment-status]');
-        return s !== null && s.textContent.trim() === 'Running';
-    }""",
-        timeout=90000,
-    )
+    panel.wait_for_running(page)
 
-    first = run_once(page, base, ids, "e2e-baseline", panel["process"], drop_socket=True)
+    first = run_once(page, panel, ids, "e2e-baseline", drop_socket=True)
     # Several numbers on screen come from the stored results, not from the live stream.
     tiles = page.get_by_test_id("run-results").inner_text()
     assert "TTFT p50 / p95 / p99" in tiles and "output tokens/s" in tiles
-    second = run_once(page, base, ids, "e2e-again", panel["process"])
+    second = run_once(page, panel, ids, "e2e-again")
     page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
     check_merge_and_scatter_cap(page)
 

@@ -6,16 +6,7 @@ compare — until the change is applied on the demo engine."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
-
-from tests.e2e.test_benchmarks_ui import fail
-from tests.e2e.test_embedded_mode import browser, panel  # noqa: F401 - shared fixtures
-from tests.integration.processes import ROOT
 
 pytestmark = pytest.mark.e2e
 
@@ -35,39 +26,12 @@ print(json.dumps({"profile": profile.pk, "deployment": deployment.pk,
 """
 
 
-def seed(tmp_path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env["VAR_DIR"] = str(tmp_path / "var")
-    out = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", SEED],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
-def login(chromium, base, user, password):
-    context = chromium.new_context()
-    page = context.new_page()
-    page.goto(base + "/accounts/login/")
-    page.fill("#id_username", user)
-    page.fill("#id_password", password)
-    page.click("button[type=submit]")
-    page.wait_for_url(base + "/")
-    return page
-
-
-def test_propose_approve_apply_and_watch_the_timeline(panel, browser, tmp_path):  # noqa: F811
-    base, password, process = panel["url"], panel["password"], panel["process"]
-    proposer = login(browser, base, "operator", password)
+def test_propose_approve_apply_and_watch_the_timeline(panel, browser):
+    base = panel.url
+    proposer = panel.new_session(browser, "operator")
     # The demo fleet must be up before its running config can be changed.
-    proposer.goto(base + "/hosts/")
-    proposer.locator("tr[data-host=sim-h100-01] >> text=Online").wait_for(timeout=90000)
-    ids = seed(tmp_path)
+    panel.wait_for_demo_host(proposer)
+    ids = panel.seed(SEED)
     errors = []
     proposer.on("pageerror", lambda error: errors.append(str(error)))
 
@@ -87,7 +51,7 @@ def test_propose_approve_apply_and_watch_the_timeline(panel, browser, tmp_path):
         preview.get_by_text("max_num_seqs").first.wait_for(timeout=20000)
         preview.get_by_test_id("prediction").wait_for(timeout=20000)
     except Exception:
-        raise fail(proposer, process, "the preview did not show the diff and prediction") from None
+        raise panel.failure(proposer, "the preview did not show the diff and prediction") from None
     proposer.get_by_test_id("submit-proposal").click()
     proposer.wait_for_url(f"{base}/changes/*/")
     change_pk = int(proposer.url.rstrip("/").rsplit("/", 1)[1])
@@ -100,7 +64,7 @@ def test_propose_approve_apply_and_watch_the_timeline(panel, browser, tmp_path):
     proposer.evaluate("() => { window.__noReload = true; }")
 
     # --- another person approves and applies -----------------------------------------------
-    reviewer = login(browser, base, "approver", password)
+    reviewer = panel.new_session(browser, "approver")
     reviewer.goto(f"{base}/changes/{change_pk}/")
     reviewer.fill("#review-comment", "One knob, verification on: go.")
     reviewer.get_by_test_id("approve-change").click()
@@ -122,7 +86,7 @@ def test_propose_approve_apply_and_watch_the_timeline(panel, browser, tmp_path):
         )
         proposer.wait_for_selector("[data-change-state=applied]", timeout=15000)
     except Exception:
-        raise fail(proposer, process, "the timeline did not reach 'done' live") from None
+        raise panel.failure(proposer, "the timeline did not reach 'done' live") from None
     assert proposer.evaluate("() => window.__noReload === true"), "the page was reloaded"
     stages = proposer.eval_on_selector_all(
         "[data-testid=timeline-item][data-action=stage]",
