@@ -108,9 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     for line in cfg.log_lines:
         log.info(line)
 
+    # The web stack loads only for an engine that will serve: a bad flag or a startup error
+    # answers without it, as quickly as the real CLIs refuse.
     import uvicorn
 
-    from hosts.simulator.server import EngineRunner, create_app
+    from hosts.simulator.runner import EngineRunner
+    from hosts.simulator.server import create_app
 
     runner = EngineRunner(
         cfg,
