@@ -11,6 +11,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from benchmarks.choices import Pricing, ProfileSource, RunSource
+from benchmarks.loadgen.profile import describe
+from benchmarks.metrics import HISTORY
 from controlpanel.choices import OperationStatus
 from controlpanel.models import BackgroundOperation
 
@@ -80,8 +82,6 @@ class LoadProfile(models.Model):
 
     @property
     def summary(self) -> str:
-        from benchmarks.loadgen.profile import describe
-
         return describe(self.spec)
 
     @property
@@ -93,18 +93,8 @@ class LoadProfile(models.Model):
 # (``BenchmarkRun.gpu_model``): the history's GPU filter and the cost page split on it.
 GPU_SEPARATOR = ", "
 
-SORTED_COLUMNS = (
-    "ttft_p50_ms",
-    "ttft_p95_ms",
-    "ttft_p99_ms",
-    "itl_p50_ms",
-    "itl_p95_ms",
-    "itl_p99_ms",
-    "output_tokens_per_s",
-    "error_rate",
-    "goodput_share",
-    "cost_per_million_output",
-)
+# The history sorts by each of these; each has an index (see BenchmarkRun.Meta).
+SORTED_COLUMNS = tuple(metric.key for metric in HISTORY)
 
 
 class BenchmarkRun(BackgroundOperation):
@@ -237,6 +227,11 @@ class BenchmarkRun(BackgroundOperation):
 
     def get_absolute_url(self) -> str:
         return reverse("benchmarks:detail", args=[self.pk])
+
+    @property
+    def numbered_name(self) -> str:
+        """How a run is named among others (compare, charts, the cost page): "#12 tp2"."""
+        return f"#{self.pk} {self.label}".strip() if self.label else f"#{self.pk}"
 
     @property
     def source_choice(self) -> RunSource:

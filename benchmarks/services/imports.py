@@ -13,8 +13,8 @@ from benchmarks import importers
 from benchmarks.choices import RunSource
 from benchmarks.loadgen.profile import build_spec
 from benchmarks.loadgen.spec import SpecError
-from benchmarks.models import BenchmarkRun, LoadProfile
-from benchmarks.services.runs import store_results
+from benchmarks.models import GPU_SEPARATOR, BenchmarkRun, LoadProfile
+from benchmarks.services.results import store_results
 from controlpanel.choices import OperationStatus
 from controlpanel.services import audit
 from hosts.models import Deployment, EngineConfig
@@ -39,49 +39,21 @@ def import_run(
     imported = importers.parse(data)
     if engine_config is not None and engine_config.deployment_id != deployment.pk:
         raise ValueError(f"config v{engine_config.version} belongs to another deployment")
-    panel = imported.panel
     notes = list(imported.document.get("notes") or []) + imported.notes
     if imported.model and imported.model != deployment.model:
         notes.append(f"the file measured {imported.model}; {deployment} serves {deployment.model}")
     if imported.document.get("cancelled"):
         notes.append("the file says the run was cancelled before it finished")
-    profile = matching_profile(imported.spec, panel.get("profile"))
+    profile = matching_profile(imported.spec, imported.panel.get("profile"))
     if imported.spec is not None and profile is None:
         notes.append("no load profile here has exactly this load: the run has none")
-    started = _started(imported)
-    duration = imported.document.get("duration")
-    finished = started
-    if isinstance(duration, int | float) and duration > 0:
-        finished = started + timedelta(seconds=float(duration))
-    gpus = list(deployment.gpus.all()) or list(deployment.host.gpus.all())
     document = dict(imported.document, notes=notes)
     with transaction.atomic():
-        run = BenchmarkRun.objects.create(
-            deployment=deployment,
-            engine_config=engine_config,
-            load_profile=profile,
-            label=(label or imported.label or "")[:100],
-            source=SOURCES[imported.kind],
-            requested_by=actor if getattr(actor, "is_authenticated", False) else None,
-            status=OperationStatus.SUCCEEDED,
-            created_at=started,
-            started_at=started,
-            finished_at=finished,
-            progress=1.0,
-            engine=str(panel.get("engine") or deployment.engine)[:16],
-            engine_version=str(panel.get("engine_version") or deployment.engine_version)[:40],
-            model_name=(imported.model or deployment.model)[:200],
-            gpu_model=str(panel.get("gpu_model") or ", ".join(sorted({g.name for g in gpus})))[
-                :100
-            ],
-            gpu_count=panel.get("gpu_count") or (len(gpus) or None),
-            loadgen_version=_tool_version(imported)[:40],
-            environment=_environment(imported),
-        )
+        run = _create_run(actor, deployment, engine_config, profile, imported, label)
         store_results(run, document, imported.records, store_timeline=True)
-        if not imported.records and isinstance(panel.get("distributions"), dict):
+        if not imported.records and isinstance(imported.panel.get("distributions"), dict):
             # A panel export carries the exporting panel's CDFs instead of raw records.
-            run.distributions = panel["distributions"]
+            run.distributions = imported.panel["distributions"]
             run.save(update_fields=["distributions"])
         audit(
             actor,
@@ -97,6 +69,38 @@ def import_run(
             },
         )
     return run
+
+
+def _create_run(actor, deployment, engine_config, profile, imported, label) -> BenchmarkRun:
+    """The finished run row of an imported file: when it ran, on what, measured by what."""
+    panel = imported.panel
+    started = _started(imported)
+    duration = imported.document.get("duration")
+    finished = started
+    if isinstance(duration, int | float) and duration > 0:
+        finished = started + timedelta(seconds=float(duration))
+    gpus = list(deployment.gpus.all()) or list(deployment.host.gpus.all())
+    gpu_model = panel.get("gpu_model") or GPU_SEPARATOR.join(sorted({g.name for g in gpus}))
+    return BenchmarkRun.objects.create(
+        deployment=deployment,
+        engine_config=engine_config,
+        load_profile=profile,
+        label=(label or imported.label or "")[:100],
+        source=SOURCES[imported.kind],
+        requested_by=actor if getattr(actor, "is_authenticated", False) else None,
+        status=OperationStatus.SUCCEEDED,
+        created_at=started,
+        started_at=started,
+        finished_at=finished,
+        progress=1.0,
+        engine=str(panel.get("engine") or deployment.engine)[:16],
+        engine_version=str(panel.get("engine_version") or deployment.engine_version)[:40],
+        model_name=(imported.model or deployment.model)[:200],
+        gpu_model=str(gpu_model)[:100],
+        gpu_count=panel.get("gpu_count") or (len(gpus) or None),
+        loadgen_version=_tool_version(imported)[:40],
+        environment=_environment(imported),
+    )
 
 
 def matching_profile(spec: dict | None, named: dict | None = None) -> LoadProfile | None:

@@ -298,37 +298,47 @@ def cost_report(
         price_as=price_as,
         default_selection=not runs,
     )
-    chosen = selected_runs(runs)
-    options = []
-    for run, choice in _pairs(chosen, pricing, price_as, prices):
-        run_cost = cost.RunCost.from_run(
-            run, choice.hourly_price, choice.currency, utilisation, restart_overhead
-        )
-        label = _label(run) if price_as == "host" else f"{_label(run)} @ {choice.name}"
-        key = f"{run.pk}-{choice.key}"
-        option = cost.Option(key, run_cost, run.ttft_p95_ms, label)
-        options.append(option)
-        report.rows.append(
-            {
-                "key": key,
-                "run": run,
-                "option": option,
-                "cost": run_cost,
-                "price": choice.hourly_price,
-                "price_key": choice.key,
-                "currency": choice.currency,
-                "source": choice.source,
-                "gpu_note": _gpu_note(choice.price, run),
-                "label": label,
-            }
-        )
+    for run, choice in _pairs(selected_runs(runs), pricing, price_as, prices):
+        report.rows.append(_row(report, run, choice))
+    options = [row["option"] for row in report.rows]
     report.ranking = cost.rank(options, slo, currency=report.currency, metric=metric)
+    _mark_ranking(report)
+    report.focus = _focus(report.rows, focus)
+    report.scatter = _scatter(report)
+    report.bars = _bars(report)
+    return report
+
+
+def _row(report: CostReport, run, choice: PriceChoice) -> dict:
+    """The table row of one option: ``run`` priced at ``choice``."""
+    run_cost = cost.RunCost.from_run(
+        run, choice.hourly_price, choice.currency, report.utilisation, report.restart_overhead
+    )
+    name = run.numbered_name
+    label = name if report.price_as == "host" else f"{name} @ {choice.name}"
+    key = f"{run.pk}-{choice.key}"
+    return {
+        "key": key,
+        "run": run,
+        "option": cost.Option(key, run_cost, run.ttft_p95_ms, label),
+        "cost": run_cost,
+        "price": choice.hourly_price,
+        "price_key": choice.key,
+        "currency": choice.currency,
+        "source": choice.source,
+        "gpu_note": _gpu_note(choice.price, run),
+        "label": label,
+    }
+
+
+def _mark_ranking(report: CostReport) -> None:
+    """Each row's place in the ranking, whether it meets the SLO, and its numbers as text."""
     best = report.ranking.cheapest
     ranked = {option.key for option in report.ranking.ranked}
     for row in report.rows:
         option = row["option"]
         row["status"] = report.ranking.status(option)
-        row["meets_slo"] = slo.meets(option.ttft_p95_ms, option.error_rate)
+        row["meets_slo"] = report.slo.meets(option.ttft_p95_ms, option.error_rate)
         row["cheapest"] = best is not None and option.key == best.key
         row["ranked"] = option.key in ranked
         row["text"] = {
@@ -336,10 +346,6 @@ def cost_report(
             "error_rate": cost.percent(row["cost"].error_rate),
             **{key: cost.money(row["cost"].value(key)) for key in cost.METRICS},
         }
-    report.focus = _focus(report.rows, focus)
-    report.scatter = _scatter(report)
-    report.bars = _bars(report)
-    return report
 
 
 def _pairs(runs: list, pricing: str, price_as: str, prices) -> list[tuple]:
@@ -380,10 +386,6 @@ def _gpu_note(price: Price | None, run) -> str:
     )
 
 
-def _label(run) -> str:
-    return f"#{run.pk} {run.label}" if run.label else f"#{run.pk}"
-
-
 def _focus(rows: list[dict], focus) -> dict | None:
     """The row named by ``focus``: a row key ("12-host", "12-3") or a run pk (its first
     row); else the cheapest, else the first row with a cost."""
@@ -406,6 +408,15 @@ def _hover(row) -> str:
     )
 
 
+# The scatter's groups of options: (legend name, colour, marker symbol, which rows).
+SCATTER_GROUPS = (
+    ("meets the SLO", "#16a34a", "circle", lambda r: r["meets_slo"] and not r["cheapest"]),
+    ("misses the SLO", "#9ca3af", "circle", lambda r: not r["meets_slo"]),
+    ("cheapest meeting the SLO", "#2563eb", "star", lambda r: r["cheapest"]),
+)
+SLO_COLOUR = "#dc2626"
+
+
 def _scatter(report: CostReport) -> dict | None:
     """Cost per 1M output tokens against p95 TTFT, the SLO as a vertical line."""
     points = [
@@ -417,34 +428,11 @@ def _scatter(report: CostReport) -> dict | None:
     ]
     if not points:
         return None
-    groups = (
-        ("meets the SLO", "#16a34a", "circle", lambda r: r["meets_slo"] and not r["cheapest"]),
-        ("misses the SLO", "#9ca3af", "circle", lambda r: not r["meets_slo"]),
-        ("cheapest meeting the SLO", "#2563eb", "star", lambda r: r["cheapest"]),
-    )
     data = []
-    for name, colour, symbol, keep in groups:
+    for name, colour, symbol, keep in SCATTER_GROUPS:
         chosen = [row for row in points if keep(row)]
-        if not chosen:
-            continue
-        data.append(
-            {
-                "type": "scatter",
-                "mode": "markers",
-                "name": name,
-                "x": [row["run"].ttft_p95_ms for row in chosen],
-                "y": [row["cost"].per_million_output for row in chosen],
-                "text": [_hover(row) for row in chosen],
-                "hovertemplate": "%{text}<br>p95 TTFT %{x:.0f} ms<br>%{y:.4f} "
-                + report.currency
-                + " per 1M output tokens<extra></extra>",
-                "marker": {
-                    "color": colour,
-                    "symbol": symbol,
-                    "size": 14 if symbol == "star" else 10,
-                },
-            }
-        )
+        if chosen:
+            data.append(_scatter_trace(report, name, colour, symbol, chosen))
     layout = {
         "height": 320,
         "margin": {"t": 10, "b": 50, "l": 70, "r": 10},
@@ -456,32 +444,58 @@ def _scatter(report: CostReport) -> dict | None:
         "legend": {"orientation": "h", "y": -0.25},
     }
     if report.slo.ttft_p95_ms is not None:
-        layout["shapes"] = [
+        layout.update(_slo_line(report.slo.ttft_p95_ms))
+    return {"data": data, "layout": layout}
+
+
+def _scatter_trace(report: CostReport, name: str, colour: str, symbol: str, rows) -> dict:
+    return {
+        "type": "scatter",
+        "mode": "markers",
+        "name": name,
+        "x": [row["run"].ttft_p95_ms for row in rows],
+        "y": [row["cost"].per_million_output for row in rows],
+        "text": [_hover(row) for row in rows],
+        "hovertemplate": "%{text}<br>p95 TTFT %{x:.0f} ms<br>%{y:.4f} "
+        + report.currency
+        + " per 1M output tokens<extra></extra>",
+        "marker": {
+            "color": colour,
+            "symbol": symbol,
+            "size": 14 if symbol == "star" else 10,
+        },
+    }
+
+
+def _slo_line(ttft_p95_ms: float) -> dict:
+    """The layout's vertical dashed line at the SLO's p95 TTFT, with its label."""
+    return {
+        "shapes": [
             {
                 "type": "line",
                 "xref": "x",
                 "yref": "paper",
-                "x0": report.slo.ttft_p95_ms,
-                "x1": report.slo.ttft_p95_ms,
+                "x0": ttft_p95_ms,
+                "x1": ttft_p95_ms,
                 "y0": 0,
                 "y1": 1,
-                "line": {"color": "#dc2626", "dash": "dash", "width": 2},
+                "line": {"color": SLO_COLOUR, "dash": "dash", "width": 2},
             }
-        ]
-        layout["annotations"] = [
+        ],
+        "annotations": [
             {
-                "x": report.slo.ttft_p95_ms,
+                "x": ttft_p95_ms,
                 "y": 1,
                 "xref": "x",
                 "yref": "paper",
-                "text": f"SLO {cost.number(report.slo.ttft_p95_ms)} ms",
+                "text": f"SLO {cost.number(ttft_p95_ms)} ms",
                 "showarrow": False,
                 "xanchor": "left",
                 "yanchor": "top",
-                "font": {"color": "#dc2626"},
+                "font": {"color": SLO_COLOUR},
             }
-        ]
-    return {"data": data, "layout": layout}
+        ],
+    }
 
 
 def _bars(report: CostReport) -> dict | None:

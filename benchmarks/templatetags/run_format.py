@@ -5,6 +5,10 @@ from __future__ import annotations
 import math
 
 from django import template
+from django.template.defaultfilters import floatformat
+from django.utils.html import format_html
+
+from benchmarks.metrics import CURRENCY, Metric
 
 register = template.Library()
 
@@ -26,3 +30,22 @@ def num(value, digits: int = 0) -> str:
         return f"{float(value):,.{int(digits)}f}"
     except (TypeError, ValueError):
         return str(value)
+
+
+@register.simple_tag
+def metric_cell(run, metric: Metric) -> str:
+    """The history table's cell of ``metric`` for ``run``: a share as a percentage (a
+    non-zero error rate marked), money with its currency, other numbers with the metric's
+    decimals."""
+    value = getattr(run, metric.key)
+    classes = "num"
+    if metric.flag_nonzero and value:
+        classes += " error"
+    if metric.percent:
+        text = pct(value)
+    elif metric.unit == CURRENCY:
+        classes += " nowrap"
+        text = "—" if value is None else f"{floatformat(value, metric.digits)} {run.currency}"
+    else:
+        text = num(value, metric.digits)
+    return format_html('<td class="{}">{}</td>', classes, text)

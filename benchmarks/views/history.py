@@ -12,7 +12,8 @@ from django.shortcuts import get_object_or_404, redirect, render
 
 from benchmarks.forms.history import HistoryForm, RunImportForm
 from benchmarks.models import BenchmarkRun, RunRequestLog
-from benchmarks.services import history as services
+from benchmarks.services import compare as comparing
+from benchmarks.services import export, history
 from benchmarks.services.imports import import_run
 
 
@@ -21,15 +22,17 @@ def run_list(request):
     form = HistoryForm(request.GET)
     if not form.is_valid():
         return render(request, "benchmarks/run_list.html", {"form": form, "page": None}, status=400)
-    runs = services.filtered_runs(form.cleaned_data)
+    runs = history.filtered_runs(form.cleaned_data)
     page = Paginator(runs, form.cleaned_data["per_page"]).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
+    sorts = history.sort_links(form.cleaned_data["sort"], request.GET)
     context = {
         "form": form,
         "page": page,
         "query": query.urlencode(),
-        "sorts": services.sort_links(form.cleaned_data["sort"], request.GET),
+        "sorts": sorts,
+        "columns": history.columns(sorts),
     }
     return render(request, "benchmarks/run_list.html", context)
 
@@ -37,10 +40,10 @@ def run_list(request):
 @permission_required("benchmarks.view_benchmarkrun", raise_exception=True)
 def compare(request):
     try:
-        runs = services.runs_to_compare(request.GET.getlist("runs"))
-    except services.CompareRefused as exc:
+        runs = comparing.runs_to_compare(request.GET.getlist("runs"))
+    except comparing.CompareRefused as exc:
         return render(request, "benchmarks/compare.html", {"refused": str(exc)}, status=400)
-    return render(request, "benchmarks/compare.html", services.compare(runs))
+    return render(request, "benchmarks/compare.html", comparing.compare(runs))
 
 
 @permission_required("benchmarks.add_benchmarkrun", raise_exception=True)
@@ -62,11 +65,11 @@ def run_import(request):
 
 @permission_required("benchmarks.view_benchmarkrun", raise_exception=True)
 def export_json(request, pk):
-    run = get_object_or_404(BenchmarkRun.objects.select_related(*services.COMPARE_SELECT), pk=pk)
-    body = json.dumps(services.export_document(run), indent=1, default=str)
+    run = get_object_or_404(BenchmarkRun.objects.select_related(*comparing.COMPARE_SELECT), pk=pk)
+    body = json.dumps(export.export_document(run), indent=1, default=str)
     response = HttpResponse(body, content_type="application/json")
     response["Content-Disposition"] = (
-        f'attachment; filename="{services.export_filename(run, ".json")}"'
+        f'attachment; filename="{export.export_filename(run, ".json")}"'
     )
     return response
 
@@ -77,8 +80,8 @@ def export_csv(request, pk):
     blob = RunRequestLog.objects.filter(run_id=pk).values_list("data", flat=True).first()
     if blob is None:
         return render(request, "benchmarks/no_request_log.html", {"run": run}, status=404)
-    response = StreamingHttpResponse(services.request_csv(bytes(blob)), content_type="text/csv")
+    response = StreamingHttpResponse(export.request_csv(bytes(blob)), content_type="text/csv")
     response["Content-Disposition"] = (
-        f'attachment; filename="{services.export_filename(run, "-requests.csv")}"'
+        f'attachment; filename="{export.export_filename(run, "-requests.csv")}"'
     )
     return response

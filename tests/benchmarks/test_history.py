@@ -16,7 +16,6 @@ from django.utils import timezone
 
 from benchmarks import records
 from benchmarks.models import BenchmarkRun, RunPoint, RunRequestLog
-from benchmarks.services import history
 from benchmarks.services.imports import import_run
 from controlpanel.models import AuditEntry
 from tests.benchmarks.test_importers import VLLM_SUMMARY, vllm_detailed
@@ -555,14 +554,12 @@ def test_import_service_refuses_a_config_of_another_deployment_and_links_no_new_
     deployment = make_deployment()
     with pytest.raises(ValueError, match="another deployment"):
         import_run(None, deployment, dict(VLLM_SUMMARY), make_config(make_deployment()))
-    profiles = set(history.BenchmarkRun.objects.values_list("load_profile", flat=True))
+    profiles = set(BenchmarkRun.objects.values_list("load_profile", flat=True))
     run = import_run(None, deployment, dict(VLLM_SUMMARY), label="from a laptop")
     assert run.label == "from a laptop" and run.requested_by is None
     assert run.ttft_p95_ms is None and run.ttft_p99_ms == 480.0  # not in the file: unknown
     assert run.distributions == {} and not RunRequestLog.objects.filter(run=run).exists()
-    assert set(history.BenchmarkRun.objects.values_list("load_profile", flat=True)) - profiles == {
-        None
-    }
+    assert set(BenchmarkRun.objects.values_list("load_profile", flat=True)) - profiles == {None}
 
 
 def test_gpu_filter_finds_runs_on_hosts_with_mixed_gpus(client, viewer):

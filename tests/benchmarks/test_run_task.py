@@ -14,6 +14,7 @@ from django.utils import timezone
 from benchmarks import records, tasks
 from benchmarks.models import BenchmarkRun, RunPoint, RunRequestLog
 from benchmarks.services import runs as services
+from benchmarks.services.points import STALE_READING_S, PointSink
 from controlpanel.choices import OperationStatus
 from hosts.models import Gpu
 from tests.benchmarks.test_runs import engine, start
@@ -31,7 +32,7 @@ UNBOUNDED = {"stages": [{"name": "m", "concurrency": 4, "num_requests": 100}]}
 
 def progress(planned_requests, planned_duration_s, t, completed, failed=0):
     run = BenchmarkRun(planned_requests=planned_requests, planned_duration_s=planned_duration_s)
-    sink = services.PointSink(run)
+    sink = PointSink(run)
     return sink._progress({"t": t, "completed": completed, "failed": failed})
 
 
@@ -67,7 +68,7 @@ def test_progress_and_eta_from_the_plan(requests, seconds, t, completed, failed,
 def test_a_stored_point_carries_its_progress_and_eta_and_moves_the_bar(monkeypatch):
     run = start(make_deployment(), make_profile(spec=BOUNDED))
     assert (run.planned_requests, run.planned_duration_s) == (100, 50.0)
-    sink = services.PointSink(run)
+    sink = PointSink(run)
     monkeypatch.setattr(sink, "_gpus", lambda: [])
     sink._store({"t": 10.0, "completed": 18, "failed": 2, "ttfts": []})
     point = RunPoint.objects.get(run=run, t=10.0).data
@@ -78,7 +79,7 @@ def test_a_stored_point_carries_its_progress_and_eta_and_moves_the_bar(monkeypat
 
     unplanned = start(make_deployment(), make_profile(spec=UNBOUNDED))
     unplanned.planned_requests = None  # as a run whose profile could say nothing
-    sink = services.PointSink(unplanned)
+    sink = PointSink(unplanned)
     monkeypatch.setattr(sink, "_gpus", lambda: [])
     sink._store({"t": 5.0, "completed": 7, "failed": 0, "ttfts": []})
     point = RunPoint.objects.get(run=unplanned).data
@@ -231,7 +232,7 @@ class FakeTransport:
 def stale_gpu(host, **kw):
     gpu = make_gpu(host, **kw)
     gpu.last_sample = {"utilization_gpu_pct": 5, "memory_used_bytes": 2**30, "power_w": 90}
-    gpu.last_sample_at = timezone.now() - timedelta(seconds=services.STALE_READING_S + 30)
+    gpu.last_sample_at = timezone.now() - timedelta(seconds=STALE_READING_S + 30)
     gpu.save()
     return gpu
 
@@ -253,7 +254,7 @@ def test_a_stale_gpu_reading_is_refreshed_by_the_run_and_stored_with_the_point(a
     gpu = stale_gpu(host)
     transport = agent([dict(READING, uuid=gpu.uuid)])
     run = make_run(make_deployment(host), status="running", started_at=timezone.now())
-    sink = services.PointSink(run)
+    sink = PointSink(run)
 
     sink._store({"t": 1.0, "completed": 3, "failed": 0, "ttfts": []})
 
@@ -284,7 +285,7 @@ def test_a_stale_reading_the_host_cannot_refresh_is_left_out(agent):
     old.save()
     transport = agent([])  # the host answers, but with no GPU readings
     run = make_run(make_deployment(host), status="running", started_at=timezone.now())
-    services.PointSink(run)._store({"t": 1.0, "completed": 0, "failed": 0, "ttfts": []})
+    PointSink(run)._store({"t": 1.0, "completed": 0, "failed": 0, "ttfts": []})
     assert transport.polls == 1
     assert RunPoint.objects.get(run=run).data["gpus"] == []  # never an old reading as new
 
@@ -303,7 +304,7 @@ def test_the_deployments_own_gpus_are_the_ones_read(agent):
     deployment = make_deployment(host)
     deployment.gpus.set([mine])
     run = make_run(deployment, status="running", started_at=timezone.now())
-    services.PointSink(run)._store({"t": 1.0, "completed": 0, "failed": 0, "ttfts": []})
+    PointSink(run)._store({"t": 1.0, "completed": 0, "failed": 0, "ttfts": []})
     gpus = RunPoint.objects.get(run=run).data["gpus"]
     assert [(g["index"], g["utilization_pct"]) for g in gpus] == [(1, 99)]
 
@@ -314,7 +315,7 @@ def test_a_host_whose_gpus_are_not_known_yet_gets_them_on_the_first_point(agent)
     assert not Gpu.objects.filter(host=host).exists()
     agent([dict(READING, uuid="GPU-learned-0")])
     run = make_run(make_deployment(host), status="running", started_at=timezone.now())
-    services.PointSink(run)._store({"t": 1.0, "completed": 0, "failed": 0, "ttfts": []})
+    PointSink(run)._store({"t": 1.0, "completed": 0, "failed": 0, "ttfts": []})
     assert Gpu.objects.filter(host=host, uuid="GPU-learned-0").exists()  # inventory learned
     gpus = RunPoint.objects.get(run=run).data["gpus"]
     assert [(g["index"], g["utilization_pct"]) for g in gpus] == [(0, 73)]

@@ -21,6 +21,7 @@ from benchmarks import records, tasks
 from benchmarks.loadgen.profile import build_spec
 from benchmarks.models import BenchmarkRun, RunPoint, RunRequestLog
 from benchmarks.services import runs as services
+from benchmarks.services.environment import environment
 from controlpanel.models import AuditEntry
 from controlpanel.realtime import group_name, publish
 from home.routing import websocket_urlpatterns
@@ -302,7 +303,7 @@ def test_the_run_record_keeps_no_api_key():
     deployment.save()
     run = start(deployment, make_profile(spec=SMALL))
     spec = build_spec(run.load_profile.spec, deployment.engine_url, deployment.model, api_key="k")
-    env = services.environment(run, spec)
+    env = environment(run, spec)
     assert env["config"]["settings"] == {"max_num_seqs": 8, "api_key": "•••"}
     assert env["config"]["env"] == {"VLLM_API_KEY": "•••"}
     assert "sk-" not in str(env) and "api_key" not in env["spec"]
@@ -431,9 +432,9 @@ def test_the_run_record_names_the_hosts_library_versions():
     deployment = make_deployment(host)
     run = start(deployment, make_profile(spec=SMALL))
     spec = build_spec(run.load_profile.spec, deployment.engine_url, deployment.model)
-    env = services.environment(run, spec)
+    env = environment(run, spec)
     assert env["host"]["libraries"] == libraries
     assert (env["host"]["driver_version"], env["host"]["cuda_version"]) == ("570.124.06", "12.8")
     # A host that reported none (an SSH host without python, an older agent): recorded empty.
     bare = start(make_deployment(), make_profile(spec=SMALL))
-    assert services.environment(bare, spec)["host"]["libraries"] == {}
+    assert environment(bare, spec)["host"]["libraries"] == {}

@@ -1,0 +1,117 @@
+"""Recording what a load generator measured (from a run of ours or an imported file) on the
+run's rows: headline columns, JSON parts, distributions, the request log, price and cost."""
+
+from __future__ import annotations
+
+import math
+
+from django.db import transaction
+
+from benchmarks import records as request_records
+from benchmarks.cost import cost_per_million
+from benchmarks.metrics import RECORDED
+from benchmarks.models import BenchmarkRun, RunPoint, RunRequestLog
+from benchmarks.services.prices import hourly_price_for
+
+# Result-document keys that are not part of the summary.
+NOT_SUMMARY = {
+    "stages",
+    "timeline",
+    "server",
+    "spec",
+    "notes",
+    "records",
+    "cancelled",
+    "stopped_early",
+    "panel",
+}
+
+
+def number(value):
+    """A finite float, or None for anything else (None, NaN, text, a bool)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) or math.isinf(value) else value
+
+
+def clean(value):
+    """JSON-safe: NaN and infinities (which PostgreSQL's jsonb refuses) become None."""
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else value
+    if isinstance(value, dict):
+        return {k: clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [clean(v) for v in value]
+    return value
+
+
+def store_results(
+    run: BenchmarkRun,
+    document: dict,
+    records: list[dict] | None = None,
+    *,
+    store_timeline: bool = False,
+) -> BenchmarkRun:
+    """Write a load generator result document (``Result.to_dict()`` without ``records``, or an
+    imported file converted to that shape) onto ``run``: headline columns, JSON parts, latency
+    distributions, the compressed request log, the price and cost per million output tokens.
+    ``store_timeline`` also writes the document's timeline as ``RunPoint`` rows (imports; a
+    live run has written its points as they came)."""
+    _set_columns(run, document)
+    if records:
+        run.distributions = request_records.distributions(records)
+    price, currency, _ = hourly_price_for(run.deployment.host)
+    run.hourly_price, run.currency = price, currency
+    run.cost_per_million_output = cost_per_million(price, run.output_tokens_per_s)
+    with transaction.atomic():
+        run.save()
+        if records:
+            blob = request_records.encode(records)  # warm-up requests are left out
+            RunRequestLog.objects.update_or_create(
+                run=run, defaults={"count": request_records.count(blob), "data": blob}
+            )
+        if store_timeline:
+            _replace_points(run, document.get("timeline") or [])
+    return run
+
+
+def _set_columns(run: BenchmarkRun, document: dict) -> None:
+    """The headline columns and the JSON parts of ``document``, on ``run`` (not saved)."""
+    summary = clean({k: v for k, v in document.items() if k not in NOT_SUMMARY})
+    for metric in RECORDED:
+        value = number(summary.get(metric.summary_key))
+        if value is not None and metric.integer:
+            value = int(value)
+        setattr(run, metric.key, value)
+    run.summary = summary
+    run.stages = clean(document.get("stages") or {})
+    server = dict(document.get("server") or {})
+    server.pop("timeline", None)  # the per-second gauges are in the run's points already
+    run.server = clean(server)
+    run.notes = list(document.get("notes") or [])
+    run.stopped_early = (document.get("stopped_early") or "")[:300]
+
+
+def _replace_points(run: BenchmarkRun, timeline: list[dict]) -> None:
+    RunPoint.objects.filter(run=run).delete()
+    RunPoint.objects.bulk_create(
+        [
+            RunPoint(run=run, t=float(point["t"]), data=clean(point))
+            for point in _unique_t(timeline)
+        ],
+        batch_size=1000,
+    )
+
+
+def _unique_t(points: list[dict]):
+    seen = set()
+    for point in points:
+        t = number(point.get("t"))
+        if t is None or t in seen:
+            continue
+        seen.add(t)
+        yield point
