@@ -8,12 +8,13 @@ GPUs) and these functions turn them into words and numbers.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from benchmarks.loadgen.profile import normalize
 from benchmarks.loadgen.spec import SpecError
-from hosts.engines import get_spec
+from benchmarks.metrics import BY_KEY, HIGHER, LOWER, Metric, numbers, pick
+from hosts.engines import EngineSpec, Flag, get_spec
 from hosts.simulator.catalog import GPUS, UnknownModel, resolve_model
 from hosts.simulator.config import StartupError
 from hosts.simulator.predict import Workload, predict
@@ -44,6 +45,21 @@ class Warning:
         return {"code": self.code, "message": self.message}
 
 
+@dataclass(frozen=True)
+class Proposal:
+    """What the warning rules look at: the proposed settings, what differs from the running
+    ones (``{flag: (running, proposed)}``), and the facts known about the deployment."""
+
+    engine: str
+    spec: EngineSpec
+    diff: Mapping[str, tuple]
+    proposed: Mapping
+    engine_version: str | None = None
+    model: str = ""
+    gpu_memory_bytes: int | None = None  # one GPU's memory
+    observed_p99_tokens: int | None = None  # p99 of prompt + output, latest benchmark
+
+
 def warnings_for(
     engine: str,
     diff: Mapping[str, tuple],
@@ -54,104 +70,138 @@ def warnings_for(
     gpu_memory_bytes: int | None = None,
     observed_p99_tokens: int | None = None,
 ) -> list[Warning]:
-    """Domain warnings on a proposed change.
+    """Domain warnings on a proposed change: what each rule of ``RULES`` finds, in order.
 
     ``diff`` is ``{flag: (running, proposed)}``, ``proposed`` the whole proposed settings,
     ``observed_p99_tokens`` the p99 of prompt + output tokens measured on the deployment (its
     latest benchmark), ``gpu_memory_bytes`` one GPU's memory.
     """
-    out: list[Warning] = []
-    spec = get_spec(engine)
-    if len(diff) > 1:
-        names = ", ".join(sorted(diff))
-        out.append(
-            Warning(
-                "several_settings",
-                f"{len(diff)} settings change at once ({names}): if the result moves you will "
-                "not know which one moved it. Change one thing at a time.",
-            )
-        )
-    if not diff:
-        out.append(Warning("no_change", "Nothing differs from the running config."))
+    proposal = Proposal(
+        engine,
+        get_spec(engine),
+        diff,
+        proposed,
+        engine_version=engine_version,
+        model=model,
+        gpu_memory_bytes=gpu_memory_bytes,
+        observed_p99_tokens=observed_p99_tokens,
+    )
+    return [warning for rule in RULES for warning in rule(proposal)]
 
-    memory_flag = MEMORY_FLAGS[engine]
-    fraction = proposed.get(memory_flag)
+
+def several_settings(p: Proposal) -> Iterator[Warning]:
+    if len(p.diff) > 1:
+        names = ", ".join(sorted(p.diff))
+        yield Warning(
+            "several_settings",
+            f"{len(p.diff)} settings change at once ({names}): if the result moves you will "
+            "not know which one moved it. Change one thing at a time.",
+        )
+
+
+def no_change(p: Proposal) -> Iterator[Warning]:
+    if not p.diff:
+        yield Warning("no_change", "Nothing differs from the running config.")
+
+
+def memory_headroom(p: Proposal) -> Iterator[Warning]:
+    flag = MEMORY_FLAGS[p.engine]
+    fraction = p.proposed.get(flag)
     if isinstance(fraction, int | float) and fraction > MEMORY_FRACTION_LIMIT:
-        out.append(
-            Warning(
-                "memory_headroom",
-                f"{memory_flag} = {fraction:g} leaves under {1 - MEMORY_FRACTION_LIMIT:.0%} of "
-                "GPU memory for activations and other processes: a burst of long prompts or "
-                "a CUDA graph capture can then fail with out-of-memory.",
-            )
+        yield Warning(
+            "memory_headroom",
+            f"{flag} = {fraction:g} leaves under {1 - MEMORY_FRACTION_LIMIT:.0%} of "
+            "GPU memory for activations and other processes: a burst of long prompts or "
+            "a CUDA graph capture can then fail with out-of-memory.",
         )
 
-    context_flag = CONTEXT_FLAGS[engine]
-    context = proposed.get(context_flag)
-    if (
-        isinstance(context, int)
-        and observed_p99_tokens
-        and context > CONTEXT_HEADROOM * observed_p99_tokens
-    ):
-        out.append(
-            Warning(
-                "context_too_long",
-                f"{context_flag} = {context:,} is {context / observed_p99_tokens:.0f}× the p99 "
-                f"prompt + output length measured on this deployment ({observed_p99_tokens:,} "
-                "tokens): the engine reserves KV cache and admission budget for requests that "
-                "do not come. Measure the real distribution and add a margin.",
-            )
+
+def context_too_long(p: Proposal) -> Iterator[Warning]:
+    flag = CONTEXT_FLAGS[p.engine]
+    context, p99 = p.proposed.get(flag), p.observed_p99_tokens
+    if isinstance(context, int) and p99 and context > CONTEXT_HEADROOM * p99:
+        yield Warning(
+            "context_too_long",
+            f"{flag} = {context:,} is {context / p99:.0f}× the p99 "
+            f"prompt + output length measured on this deployment ({p99:,} "
+            "tokens): the engine reserves KV cache and admission budget for requests that "
+            "do not come. Measure the real distribution and add a margin.",
         )
 
-    tp_flag = TP_FLAGS[engine]
-    tp = proposed.get(tp_flag)
-    if isinstance(tp, int) and tp > 1 and model and gpu_memory_bytes:
-        try:
-            weights = resolve_model(model).weight_bytes
-        except UnknownModel:
-            weights = None
-        if weights is not None and weights < FITS_ONE_GPU_SHARE * gpu_memory_bytes:
-            out.append(
-                Warning(
-                    "tp_small_model",
-                    f"{tp_flag} = {tp} on a model whose weights ({weights / 2**30:.0f} GiB) fit "
-                    f"one GPU ({gpu_memory_bytes / 2**30:.0f} GiB): tensor parallelism adds "
-                    "communication on every layer. Compare against one GPU per replica.",
-                )
-            )
 
-    for dest in sorted(diff):
-        flag = spec.by_dest.get(dest)
-        if flag is None or dest not in proposed:
+def tp_small_model(p: Proposal) -> Iterator[Warning]:
+    flag = TP_FLAGS[p.engine]
+    tp, memory = p.proposed.get(flag), p.gpu_memory_bytes
+    if not (isinstance(tp, int) and tp > 1 and p.model and memory):
+        return
+    try:
+        weights = resolve_model(p.model).weight_bytes
+    except UnknownModel:
+        return
+    if weights < FITS_ONE_GPU_SHARE * memory:
+        yield Warning(
+            "tp_small_model",
+            f"{flag} = {tp} on a model whose weights ({weights / 2**30:.0f} GiB) fit "
+            f"one GPU ({memory / 2**30:.0f} GiB): tensor parallelism adds "
+            "communication on every layer. Compare against one GPU per replica.",
+        )
+
+
+def flag_warnings(p: Proposal) -> Iterator[Warning]:
+    """What each changed flag the engine knows raises, flag by flag (``FLAG_RULES``)."""
+    for dest in sorted(p.diff):
+        flag = p.spec.by_dest.get(dest)
+        if flag is None or dest not in p.proposed:
             continue
-        missing = spec.missing(flag, engine_version) if engine_version else None
-        if missing:
-            out.append(Warning("unsupported_flag", missing + "."))
-        elif flag.until:
-            out.append(
-                Warning(
-                    "flag_going_away",
-                    f"{flag.option} is gone from {spec.title or spec.prog} {flag.until}: "
-                    "an engine upgrade will refuse this config.",
-                )
-            )
-        if not engine_version and (flag.since or flag.until):
-            out.append(
-                Warning(
-                    "version_unknown",
-                    f"The deployment's engine version is not recorded, so whether it has "
-                    f"{flag.option} cannot be checked.",
-                )
-            )
-        if not flag.performance:
-            out.append(
-                Warning(
-                    "no_speed_effect",
-                    f"{flag.option} does not change speed: a verification benchmark will not "
-                    "show an effect.",
-                )
-            )
-    return out
+        for rule in FLAG_RULES:
+            yield from rule(p, flag)
+
+
+def flag_availability(p: Proposal, flag: Flag) -> Iterator[Warning]:
+    """A flag the deployment's engine version lacks, or one a later version drops."""
+    missing = p.spec.missing(flag, p.engine_version) if p.engine_version else None
+    if missing:
+        yield Warning("unsupported_flag", missing + ".")
+    elif flag.until:
+        yield Warning(
+            "flag_going_away",
+            f"{flag.option} is gone from {p.spec.title or p.spec.prog} {flag.until}: "
+            "an engine upgrade will refuse this config.",
+        )
+
+
+def version_unknown(p: Proposal, flag: Flag) -> Iterator[Warning]:
+    if not p.engine_version and (flag.since or flag.until):
+        yield Warning(
+            "version_unknown",
+            f"The deployment's engine version is not recorded, so whether it has "
+            f"{flag.option} cannot be checked.",
+        )
+
+
+def no_speed_effect(p: Proposal, flag: Flag) -> Iterator[Warning]:
+    if not flag.performance:
+        yield Warning(
+            "no_speed_effect",
+            f"{flag.option} does not change speed: a verification benchmark will not "
+            "show an effect.",
+        )
+
+
+# The rules, in the order their warnings are listed.
+RULES: tuple[Callable[[Proposal], Iterable[Warning]], ...] = (
+    several_settings,
+    no_change,
+    memory_headroom,
+    context_too_long,
+    tp_small_model,
+    flag_warnings,
+)
+FLAG_RULES: tuple[Callable[[Proposal, Flag], Iterable[Warning]], ...] = (
+    flag_availability,
+    version_unknown,
+    no_speed_effect,
+)
 
 
 # --- predicted impact --------------------------------------------------------------------------
@@ -237,15 +287,19 @@ def workloads(profile: Mapping) -> list[tuple[str, Workload]]:
     return out
 
 
+# (key in the simulator's result, label, unit, better): the run metrics it predicts, under
+# the registry's names, and two numbers only the simulator knows.
 PREDICTED = (
-    ("ttft_p50_ms", "TTFT p50", "ms", "lower"),
-    ("ttft_p95_ms", "TTFT p95", "ms", "lower"),
-    ("itl_p50_ms", "ITL p50", "ms", "lower"),
-    ("itl_p95_ms", "ITL p95", "ms", "lower"),
-    ("output_throughput", "Output tok/s", "tok/s", "higher"),
-    ("kv_cache_capacity_tokens", "KV capacity", "tokens", "higher"),
-    ("num_preemptions", "Preemptions", "", "lower"),
+    *(
+        (m.key, m.label, m.unit, m.better)
+        for m in pick("ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms")
+    ),
+    ("output_throughput", BY_KEY["output_tokens_per_s"].short, "tok/s", HIGHER),
+    ("kv_cache_capacity_tokens", "KV capacity", "tokens", HIGHER),
+    ("num_preemptions", "Preemptions", "", LOWER),
 )
+# A predicted change smaller than this share is no verdict: the simulator is not that exact.
+PREDICTED_SAME_WITHIN = 0.02
 
 
 def _numbers(result: dict) -> dict:
@@ -296,37 +350,42 @@ def predicted_impact(
     for name, workload in stages:
         b = _one(engine, model, dict(before), gpu, workload, num_gpus)
         a = _one(engine, model, dict(after), gpu, workload, num_gpus)
-        metrics = []
-        for key, label, unit, better in PREDICTED:
-            old, new = b.get(key), a.get(key)
-            change = None
-            if old is not None and new is not None and old:
-                change = (new - old) / old
-            verdict = None
-            if change is not None and abs(change) >= 0.02:
-                improved = change < 0 if better == "lower" else change > 0
-                verdict = "better" if improved else "worse"
-            metrics.append(
-                {
-                    "key": key,
-                    "label": label,
-                    "unit": unit,
-                    "before": _round(old),
-                    "after": _round(new),
-                    "change": None if change is None else round(change, 4),
-                    "verdict": verdict,
-                }
-            )
         rows.append(
             {
                 "stage": name,
                 "requests": workload.num_requests,
                 "before_error": b.get("error"),
                 "after_error": a.get("error"),
-                "metrics": metrics,
+                "metrics": _predicted_metrics(b, a),
             }
         )
     return {"available": True, "gpu": gpu, "num_gpus": num_gpus, "stages": rows}
+
+
+def _predicted_metrics(before: dict, after: dict) -> list[dict]:
+    """Each ``PREDICTED`` number before → after, its relative change and its verdict."""
+    metrics = []
+    for key, label, unit, better in PREDICTED:
+        old, new = before.get(key), after.get(key)
+        change = None
+        if old is not None and new is not None and old:
+            change = (new - old) / old
+        verdict = None
+        if change is not None and abs(change) >= PREDICTED_SAME_WITHIN:
+            improved = change < 0 if better == LOWER else change > 0
+            verdict = "better" if improved else "worse"
+        metrics.append(
+            {
+                "key": key,
+                "label": label,
+                "unit": unit,
+                "before": _round(old),
+                "after": _round(new),
+                "change": None if change is None else round(change, 4),
+                "verdict": verdict,
+            }
+        )
+    return metrics
 
 
 def _round(value):
@@ -345,86 +404,136 @@ class Thresholds:
     itl_p95_regression: float = 0.2
 
 
-def verdict(baseline: Mapping, after: Mapping, limits: Thresholds) -> dict:
-    """Compare two runs' numbers (``error_rate``, ``ttft_p95_ms``, ``itl_p95_ms`` and the
-    throughput, informative only). "A speed-up that raises errors is not a success": any
-    check over its threshold makes the change a regression."""
-    checks = []
+@dataclass(frozen=True)
+class PointsCheck:
+    """A share (the error rate) may rise by at most ``threshold`` percentage points. A
+    verification run without it fails the check: it cannot prove it is safe."""
 
-    def relative(key: str, label: str, limit: float):
-        old, new = baseline.get(key), after.get(key)
-        if old is None or new is None:
-            checks.append(
-                {
-                    "metric": key,
-                    "label": label,
-                    "baseline": old,
-                    "after": new,
-                    "ok": None,
-                    "limit": f"+{limit:.0%}",
-                    "note": "not measured",
-                }
-            )
-            return
-        change = (new - old) / old if old else (0.0 if new == old else math.inf)
-        checks.append(
-            {
-                "metric": key,
-                "label": label,
-                "baseline": round(old, 3),
-                "after": round(new, 3),
-                "change": None if math.isinf(change) else round(change, 4),
-                "limit": f"+{limit:.0%}",
-                "ok": change <= limit,
-            }
-        )
+    metric: Metric
+    threshold: str  # the ``Thresholds`` field that bounds it
 
-    old_err = baseline.get("error_rate") or 0.0
-    new_err = after.get("error_rate")
-    if new_err is None:
-        checks.append(
-            {
-                "metric": "error_rate",
-                "label": "Error rate",
-                "baseline": old_err,
+    def judge(self, baseline: Mapping, after: Mapping, limits: Thresholds) -> dict:
+        limit = getattr(limits, self.threshold)
+        key = self.metric.key
+        old, new = baseline.get(key) or 0.0, after.get(key)
+        check = {"metric": key, "label": self.metric.label}
+        if new is None:
+            return check | {
+                "baseline": old,
                 "after": None,
                 "ok": False,
-                "limit": f"+{limits.error_rate_increase:.1%} points",
+                "limit": f"+{limit:.1%} points",
                 "note": "the verification run has no error rate",
             }
-        )
-    else:
-        checks.append(
-            {
-                "metric": "error_rate",
-                "label": "Error rate",
-                "baseline": round(old_err, 4),
-                "after": round(new_err, 4),
-                "change": round(new_err - old_err, 4),
-                "limit": f"+{limits.error_rate_increase:.1%} points",
-                "ok": new_err - old_err <= limits.error_rate_increase,
-            }
-        )
-    relative("ttft_p95_ms", "TTFT p95", limits.ttft_p95_regression)
-    relative("itl_p95_ms", "ITL p95", limits.itl_p95_regression)
-    old_tput, new_tput = baseline.get("output_tokens_per_s"), after.get("output_tokens_per_s")
-    info = None
-    if old_tput and new_tput is not None:
-        info = round((new_tput - old_tput) / old_tput, 4)
-    failed = [c for c in checks if c["ok"] is False]
-    return {
-        "regressed": bool(failed),
-        "checks": checks,
-        "throughput_change": info,
-        "reason": "; ".join(f"{c['label']} {_shown(c)} (limit {c['limit']})" for c in failed),
-    }
+        return check | {
+            "baseline": round(old, 4),
+            "after": round(new, 4),
+            "change": round(new - old, 4),
+            "limit": f"+{limit:.1%} points",
+            "ok": new - old <= limit,
+        }
 
-
-def _shown(check: dict) -> str:
-    if check["metric"] == "error_rate":
+    def shown(self, check: dict) -> str:
         if check.get("after") is None:
             return "not measured"
         return f"{check['baseline']:.2%} → {check['after']:.2%}"
-    if check.get("change") is None:
-        return f"{check['baseline']} → {check['after']}"
-    return f"{check['baseline']:.1f} → {check['after']:.1f} ms ({check['change']:+.0%})"
+
+
+@dataclass(frozen=True)
+class RelativeCheck:
+    """A latency may grow by at most ``threshold`` of the baseline's. Unmeasured on either
+    side, it says so and does not decide."""
+
+    metric: Metric
+    threshold: str  # the ``Thresholds`` field that bounds it
+
+    def judge(self, baseline: Mapping, after: Mapping, limits: Thresholds) -> dict:
+        limit = getattr(limits, self.threshold)
+        key = self.metric.key
+        old, new = baseline.get(key), after.get(key)
+        check = {"metric": key, "label": self.metric.label}
+        if old is None or new is None:
+            return check | {
+                "baseline": old,
+                "after": new,
+                "ok": None,
+                "limit": f"+{limit:.0%}",
+                "note": "not measured",
+            }
+        change = (new - old) / old if old else (0.0 if new == old else math.inf)
+        return check | {
+            "baseline": round(old, 3),
+            "after": round(new, 3),
+            "change": None if math.isinf(change) else round(change, 4),
+            "limit": f"+{limit:.0%}",
+            "ok": change <= limit,
+        }
+
+    def shown(self, check: dict) -> str:
+        if check.get("change") is None:
+            return f"{check['baseline']} → {check['after']}"
+        unit = self.metric.unit
+        return f"{check['baseline']:.1f} → {check['after']:.1f} {unit} ({check['change']:+.0%})"
+
+
+# What a verification is judged by, in the order the verdict lists it: "a speed-up that
+# raises errors is not a success", so errors come first and any failed check is a regression.
+CHECKS = (
+    PointsCheck(BY_KEY["error_rate"], "error_rate_increase"),
+    RelativeCheck(BY_KEY["ttft_p95_ms"], "ttft_p95_regression"),
+    RelativeCheck(BY_KEY["itl_p95_ms"], "itl_p95_regression"),
+)
+# Reported beside the checks, never a reason to roll back.
+INFORMATIVE = BY_KEY["output_tokens_per_s"]
+# The numbers of a run the verdict reads (``run_numbers``).
+VERDICT_METRICS = (*(check.metric for check in CHECKS), INFORMATIVE)
+
+
+def verdict(baseline: Mapping, after: Mapping, limits: Thresholds) -> dict:
+    """Compare two runs' numbers (``run_numbers``: ``error_rate``, ``ttft_p95_ms``,
+    ``itl_p95_ms`` and the throughput, informative only) by ``CHECKS``. Any check over its
+    threshold makes the change a regression; ``reason`` says which."""
+    judged = [(rule, rule.judge(baseline, after, limits)) for rule in CHECKS]
+    failed = [(rule, check) for rule, check in judged if check["ok"] is False]
+    old, new = baseline.get(INFORMATIVE.key), after.get(INFORMATIVE.key)
+    return {
+        "regressed": bool(failed),
+        "checks": [check for _, check in judged],
+        "throughput_change": round((new - old) / old, 4) if old and new is not None else None,
+        "reason": "; ".join(
+            f"{check['label']} {rule.shown(check)} (limit {check['limit']})"
+            for rule, check in failed
+        ),
+    }
+
+
+def run_numbers(run) -> dict:
+    """The numbers ``verdict`` reads, off a run (any object with the run's columns); empty
+    for no run."""
+    return numbers(run, VERDICT_METRICS)
+
+
+def numbers_text(values: Mapping) -> str:
+    """``run_numbers`` in one line, as a change's timeline shows a benchmark:
+    "TTFT p95 412 ms, ITL p95 21 ms, 1532 tok/s, errors 0.2%"."""
+
+    def ms(key: str) -> str:
+        value = values.get(key)
+        return f"{BY_KEY[key].label} " + ("—" if value is None else f"{value:.0f} ms")
+
+    rate, tput = values.get("error_rate"), values.get(INFORMATIVE.key)
+    rate_text = "—" if rate is None else f"{rate:.1%}"
+    tput_text = "—" if tput is None else f"{tput:.0f} {INFORMATIVE.unit}"
+    return f"{ms('ttft_p95_ms')}, {ms('itl_p95_ms')}, {tput_text}, errors {rate_text}"
+
+
+def verdict_text(result: dict) -> str:
+    """A verdict within limits in one line: how much each latency and the throughput moved."""
+    parts = [
+        f"{check['label']} {check['change']:+.0%}"
+        for check in result["checks"]
+        if check.get("change") is not None and check["metric"] != "error_rate"
+    ]
+    if result.get("throughput_change") is not None:
+        parts.append(f"output tok/s {result['throughput_change']:+.0%}")
+    return "within limits: " + ", ".join(parts) if parts else "within limits"

@@ -88,6 +88,39 @@ def test_flags_and_engine_versions():
     assert codes(logging_only) == ["no_speed_effect"]
 
 
+def test_an_empty_diff_says_nothing_changes():
+    (warning,) = advice.warnings_for("vllm", {}, {"max_num_seqs": 128})
+    assert warning.code == "no_change"
+
+
+def test_rules_list_their_warnings_in_order_and_per_flag():
+    diff = {
+        "gpu_memory_utilization": (0.9, 0.97),
+        "swap_space": (None, 4.0),
+        "disable_log_stats": (None, True),
+    }
+    proposed = {"gpu_memory_utilization": 0.97, "swap_space": 4.0, "disable_log_stats": True}
+    found = advice.warnings_for("vllm", diff, proposed)
+    # Whole-change rules first, then each changed flag in name order with its own rules.
+    assert codes(found) == [
+        "several_settings",
+        "memory_headroom",
+        "no_speed_effect",  # disable_log_stats
+        "flag_going_away",  # swap_space
+        "version_unknown",
+        "no_speed_effect",
+    ]
+    assert [rule.__name__ for rule in advice.RULES][-1] == "flag_warnings"
+
+
+def test_a_tp_warning_needs_a_model_the_simulator_knows():
+    diff = {"tensor_parallel_size": (1, 2)}
+    unknown = advice.warnings_for(
+        "vllm", diff, {"tensor_parallel_size": 2}, model="acme/x", gpu_memory_bytes=80 * 2**30
+    )
+    assert unknown == []
+
+
 @pytest.mark.parametrize(
     ("name", "key"),
     [
@@ -212,3 +245,47 @@ def test_itl_regression_and_missing_numbers():
     assert result["regressed"] and "ITL p95" in result["reason"]
     missing = advice.verdict(BASE, {"ttft_p95_ms": 400.0, "itl_p95_ms": 20.0}, LIMITS)
     assert missing["regressed"], "a run without an error rate cannot prove it is safe"
+
+
+def test_the_verdict_reads_its_numbers_and_labels_from_the_metric_registry():
+    assert [m.key for m in advice.VERDICT_METRICS] == [
+        "error_rate",
+        "ttft_p95_ms",
+        "itl_p95_ms",
+        "output_tokens_per_s",
+    ]
+    result = advice.verdict(BASE, BASE, LIMITS)
+    assert [c["label"] for c in result["checks"]] == ["Error rate", "TTFT p95", "ITL p95"]
+
+
+def test_run_numbers_and_their_line():
+    class Run:
+        error_rate, ttft_p95_ms, itl_p95_ms, output_tokens_per_s = 0.0123, 412.4, 21.6, 1532.5
+        ttft_p50_ms = 100.0  # not a verdict number: not read
+
+    numbers = advice.run_numbers(Run())
+    assert numbers == {
+        "error_rate": 0.0123,
+        "ttft_p95_ms": 412.4,
+        "itl_p95_ms": 21.6,
+        "output_tokens_per_s": 1532.5,
+    }
+    assert advice.numbers_text(numbers) == "TTFT p95 412 ms, ITL p95 22 ms, 1532 tok/s, errors 1.2%"
+    assert advice.run_numbers(None) == {}
+    assert advice.numbers_text({}) == "TTFT p95 —, ITL p95 —, —, errors —"
+
+
+def test_verdict_text_says_how_far_each_number_moved():
+    after = {**BASE, "ttft_p95_ms": 440.0, "itl_p95_ms": 19.0, "output_tokens_per_s": 1200}
+    result = advice.verdict(BASE, after, LIMITS)
+    assert advice.verdict_text(result) == (
+        "within limits: TTFT p95 +10%, ITL p95 -5%, output tok/s +20%"
+    )
+    unmeasured = advice.verdict({}, {"error_rate": 0.0}, LIMITS)
+    assert advice.verdict_text(unmeasured) == "within limits"
+
+
+def test_a_latency_from_zero_is_an_unbounded_regression():
+    result = advice.verdict({**BASE, "ttft_p95_ms": 0.0}, BASE, LIMITS)
+    assert result["regressed"]
+    assert "TTFT p95 0.0 → 400.0 (limit +20%)" in result["reason"]
