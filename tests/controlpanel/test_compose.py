@@ -6,10 +6,12 @@ Docker cannot run here; Debian's docker-compose validates the file against the C
 
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
+from django.conf import settings
 
 from tests.conftest import need
 
@@ -65,6 +67,18 @@ def test_services_volumes_and_healthchecks():
 @pytest.mark.parametrize("name", ["Dockerfile", ".dockerignore"])
 def test_image_files_exist(name):
     assert (ROOT / name).is_file()
+
+
+def test_the_image_and_the_package_carry_every_app():
+    """A new app (like the top app, home) must be copied into the image and packaged, or the
+    image fails at start on INSTALLED_APPS."""
+    apps = [name for name in settings.INSTALLED_APPS if (ROOT / name / "apps.py").is_file()]
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        packaged = tomllib.load(f)["tool"]["setuptools"]["packages"]["find"]["include"]
+    for app in apps:
+        assert f"COPY {app} ./{app}" in dockerfile, app
+        assert f"{app}*" in packaged, app
 
 
 def test_simulated_agent_service_runs_natively(tmp_path):
