@@ -18,6 +18,7 @@ COPY controlpanel ./controlpanel
 COPY hosts ./hosts
 COPY benchmarks ./benchmarks
 COPY changes ./changes
+COPY home ./home
 COPY templates ./templates
 COPY static ./static
 # Editable install keeps the code in /app, where settings find templates/ and static/.
