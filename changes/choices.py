@@ -1,23 +1,22 @@
-"""Choices of the changes app, each with a badge colour (see panel.css)."""
+"""Choices of the changes app; states and outcomes declare their badge colour
+(``ColouredChoices``)."""
 
 from django.db import models
 
+from controlpanel.choices import ColouredChoices
 
-class ChangeState(models.TextChoices):
-    DRAFT = "draft", "Draft"
-    PENDING = "pending", "Pending review"
-    APPROVED = "approved", "Approved"
-    REJECTED = "rejected", "Rejected"
-    WITHDRAWN = "withdrawn", "Withdrawn"
-    APPLYING = "applying", "Applying"
-    VERIFYING = "verifying", "Verifying"
-    APPLIED = "applied", "Applied"
-    ROLLED_BACK = "rolled_back", "Rolled back"
-    FAILED = "failed", "Failed"
 
-    @property
-    def colour(self) -> str:
-        return STATE_COLOURS[self]
+class ChangeState(ColouredChoices):
+    DRAFT = "draft", "Draft", "grey"
+    PENDING = "pending", "Pending review", "amber"
+    APPROVED = "approved", "Approved", "blue"
+    REJECTED = "rejected", "Rejected", "red"
+    WITHDRAWN = "withdrawn", "Withdrawn", "grey"
+    APPLYING = "applying", "Applying", "blue"
+    VERIFYING = "verifying", "Verifying", "blue"
+    APPLIED = "applied", "Applied", "green"
+    ROLLED_BACK = "rolled_back", "Rolled back", "amber"
+    FAILED = "failed", "Failed", "red"
 
     @property
     def finished(self) -> bool:
@@ -28,18 +27,6 @@ class ChangeState(models.TextChoices):
         return self in REVIEW_STATES
 
 
-STATE_COLOURS = {
-    ChangeState.DRAFT: "grey",
-    ChangeState.PENDING: "amber",
-    ChangeState.APPROVED: "blue",
-    ChangeState.REJECTED: "red",
-    ChangeState.WITHDRAWN: "grey",
-    ChangeState.APPLYING: "blue",
-    ChangeState.VERIFYING: "blue",
-    ChangeState.APPLIED: "green",
-    ChangeState.ROLLED_BACK: "amber",
-    ChangeState.FAILED: "red",
-}
 FINISHED_STATES = frozenset(
     {
         ChangeState.REJECTED,
@@ -60,13 +47,9 @@ class ChangeKind(models.TextChoices):
     ROLLBACK = "rollback", "Rollback to an earlier version"
 
 
-class Decision(models.TextChoices):
-    APPROVE = "approve", "Approved"
-    REJECT = "reject", "Rejected"
-
-    @property
-    def colour(self) -> str:
-        return "green" if self == Decision.APPROVE else "red"
+class Decision(ColouredChoices):
+    APPROVE = "approve", "Approved", "green"
+    REJECT = "reject", "Rejected", "red"
 
 
 class Stage(models.TextChoices):
@@ -83,17 +66,8 @@ class Stage(models.TextChoices):
     DONE = "done", "Done"
 
 
-class StageStatus(models.TextChoices):
-    STARTED = "started", "Started"
-    SUCCEEDED = "succeeded", "Succeeded"
-    FAILED = "failed", "Failed"
-    SKIPPED = "skipped", "Skipped"
-
-    @property
-    def colour(self) -> str:
-        return {
-            StageStatus.STARTED: "blue",
-            StageStatus.SUCCEEDED: "green",
-            StageStatus.FAILED: "red",
-            StageStatus.SKIPPED: "grey",
-        }[self]
+class StageStatus(ColouredChoices):
+    STARTED = "started", "Started", "blue"
+    SUCCEEDED = "succeeded", "Succeeded", "green"
+    FAILED = "failed", "Failed", "red"
+    SKIPPED = "skipped", "Skipped", "grey"

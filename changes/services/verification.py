@@ -4,46 +4,30 @@ pipeline's worker as ordinary runs (their pages stream live and they join the hi
 
 from __future__ import annotations
 
-import time
-
 import httpx
 from django.conf import settings as conf
 from django.urls import reverse
 
 from benchmarks.models import BenchmarkRun
 from benchmarks.services import runs as benchmark_runs
+from changes import advice
 from changes.models import ChangeRequest
-from hosts.engines.metrics import endpoints
+from hosts.engines import readiness
 from hosts.models import Deployment
 
 
 def health_problem(deployment: Deployment) -> str | None:
-    """None when the engine answers /health and lists a model on /v1/models (within
-    CHANGE_HEALTH_TIMEOUT), else what is wrong."""
-    urls = endpoints(deployment.engine)
+    """None when the engine is ready by ``hosts.engines.readiness`` (``/health`` and a model
+    on ``/v1/models``, asked with the deployment's API key) within CHANGE_HEALTH_TIMEOUT,
+    else what is wrong."""
     key = deployment.api_key()
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    deadline = time.monotonic() + conf.CHANGE_HEALTH_TIMEOUT
-    problem = "no answer"
     with httpx.Client(base_url=deployment.engine_url, headers=headers, timeout=5) as client:
-        while True:
-            try:
-                health = client.get(urls.health)
-                if health.status_code != 200:
-                    problem = f"{urls.health} answered {health.status_code}"
-                else:
-                    models = client.get(urls.models)
-                    if models.status_code != 200:
-                        problem = f"{urls.models} answered {models.status_code}"
-                    elif not models.json().get("data"):
-                        problem = f"{urls.models} lists no model"
-                    else:
-                        return None
-            except (httpx.HTTPError, ValueError) as exc:
-                problem = f"{type(exc).__name__}: {exc}"
-            if time.monotonic() >= deadline:
-                return problem
-            time.sleep(1)
+        return readiness.wait_ready(
+            lambda: readiness.probe(client, engine=deployment.engine).problem,
+            conf.CHANGE_HEALTH_TIMEOUT,
+            interval_s=1,
+        )
 
 
 BENCHMARK_FIELDS = {"baseline": "baseline_run", "verification": "verification_run"}
@@ -83,30 +67,17 @@ def run_benchmark(change: ChangeRequest, purpose: str) -> tuple[BenchmarkRun | N
     return run, ""
 
 
-NUMBERS = ("error_rate", "ttft_p95_ms", "itl_p95_ms", "output_tokens_per_s")
-
-
 def numbers(run: BenchmarkRun | None) -> dict:
-    return {key: getattr(run, key) for key in NUMBERS} if run is not None else {}
+    """The numbers the verdict reads (``benchmarks.metrics`` via ``advice``)."""
+    return advice.run_numbers(run) if run is not None else {}
 
 
 def run_numbers(run: BenchmarkRun) -> str:
-    def ms(value):
-        return "—" if value is None else f"{value:.0f} ms"
-
-    rate = "—" if run.error_rate is None else f"{run.error_rate:.1%}"
-    tput = "—" if run.output_tokens_per_s is None else f"{run.output_tokens_per_s:.0f} tok/s"
-    return f"TTFT p95 {ms(run.ttft_p95_ms)}, ITL p95 {ms(run.itl_p95_ms)}, {tput}, errors {rate}"
+    """A benchmark in one line on the timeline."""
+    return advice.numbers_text(advice.run_numbers(run))
 
 
-def verdict_text(result: dict) -> str:
-    parts = []
-    for check in result["checks"]:
-        if check.get("change") is not None and check["metric"] != "error_rate":
-            parts.append(f"{check['label']} {check['change']:+.0%}")
-    if result.get("throughput_change") is not None:
-        parts.append(f"output tok/s {result['throughput_change']:+.0%}")
-    return "within limits: " + ", ".join(parts) if parts else "within limits"
+verdict_text = advice.verdict_text
 
 
 def link(run: BenchmarkRun | None) -> str:

@@ -71,12 +71,14 @@ def test_the_old_stand_in_permissions_no_longer_grant_apply_or_override(
     assert change.state == "withdrawn"
 
 
-def test_who_fails_before_when_and_each_with_its_own_error(operator, approver, deployment):
-    draft = propose(operator, deployment, submit=False)
+def test_who_fails_before_when_and_each_with_its_own_error(operator, approver, admin, deployment):
+    draft = propose(approver, deployment, submit=False)
     with pytest.raises(PermissionDenied, match="four-eyes"):
-        rules.require("approve", operator, draft)  # the proposer, whatever the state
+        rules.require("approve", approver, draft)  # the proposer, whatever the state
+    with pytest.raises(PermissionDenied, match="Only Approvers"):
+        rules.require("approve", operator, draft)
     with pytest.raises(rules.ChangeRefused, match="only changes pending review"):
-        rules.require("approve", approver, draft)
+        rules.require("approve", admin, draft)
 
 
 def test_the_panel_itself_is_held_to_the_state_only(operator, deployment):
