@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import paramiko
 from django import forms
 
 from hosts.choices import TransportKind
@@ -36,8 +37,6 @@ class LabelsField(forms.CharField):
 def check_private_key(text: str, passphrase: str | None) -> None:
     """Refuse a key paramiko cannot load (wrong format, wrong passphrase) at once, not at the
     first connection."""
-    import paramiko
-
     if text.startswith("file:"):
         if not text[5:].startswith("/"):
             raise forms.ValidationError("A key file reference is file:/absolute/path.")

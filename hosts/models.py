@@ -26,6 +26,7 @@ from hosts.choices import (
     Runner,
     TransportKind,
 )
+from hosts.engines.launch import LaunchConfig, Placement
 
 LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
 HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9-]{1,63})*$")
@@ -462,8 +463,6 @@ class EngineConfig(models.Model):
 
     def launch_config(self):
         """The whole launch config of this version on its deployment (hosts.engines.launch)."""
-        from hosts.engines.launch import LaunchConfig, Placement
-
         deployment = self.deployment
         placement = self.placement or {}
         return LaunchConfig(
