@@ -28,11 +28,12 @@ from urllib.parse import parse_qs, urlsplit
 import psutil
 
 from hosts.agent import AGENT_VERSION, DEFAULT_PORT
+from hosts.agent.engine import AgentError, NotFound
 from hosts.agent.host import host_identity, host_readings, library_versions, process_affinity
 from hosts.agent.nvml import NvmlReader
 from hosts.agent.policy import ENGINE_NAME, ExecPolicy
 from hosts.agent.simulated import SimulatedGpus, parse_simulate
-from hosts.agent.supervisor import AgentError, NotFound, Supervisor
+from hosts.agent.supervisor import Supervisor
 
 log = logging.getLogger("hosts.agent")
 

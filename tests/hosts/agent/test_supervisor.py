@@ -9,7 +9,8 @@ import time
 import psutil
 import pytest
 
-from hosts.agent.supervisor import error_line, stop_group
+from hosts.agent.engine import error_line
+from hosts.agent.process import stop_group
 
 pytestmark = pytest.mark.integration
 
