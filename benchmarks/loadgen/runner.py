@@ -19,9 +19,11 @@ from benchmarks.loadgen.arrivals import open_loop_offsets, open_loop_stream
 from benchmarks.loadgen.client import CLOCK, make_client, request_body, send
 from benchmarks.loadgen.dataset import Prompt, PromptFactory, load_trace
 from benchmarks.loadgen.scrape import Scraper
+from benchmarks.loadgen.shard import run_sharded
 from benchmarks.loadgen.spec import LoadSpec, Stage
 from benchmarks.loadgen.stats import RequestRecord, percentile, summarize
 from benchmarks.loadgen.transport import FastTransport
+from hosts.engines import readiness
 
 ROLLING_WINDOW_S = 10.0
 # How long before each tick the engine's /metrics is read (see LoadRun._ticker).
@@ -190,33 +192,22 @@ class LoadRun:
         return self._result(scraper, started_at)
 
     async def _wait_ready(self, client: httpx.AsyncClient) -> None:
+        """Wait until the server is ready (``hosts.engines.readiness``) and serves our model."""
         base = self.spec.base_url.rstrip("/")
         deadline = time.monotonic() + self.spec.ready_timeout_s
-        last_error = ""
         while True:
-            try:
-                health = await client.get(base + "/health", timeout=5)
-                if health.status_code in (200, 404):  # 404: a server without /health
-                    models = await client.get(base + "/v1/models", timeout=5)
-                    if models.status_code == 200:
-                        served = [m.get("id") for m in models.json().get("data", [])]
-                        if self.spec.model not in served:
-                            raise LoadGenError(
-                                f"model {self.spec.model!r} is not served at "
-                                f"{base} (it serves {served})"
-                            )
-                        return
-                    last_error = f"/v1/models answered {models.status_code}"
-                else:
-                    last_error = f"/health answered {health.status_code}"
-            except httpx.HTTPError as exc:
-                last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            except ValueError:
-                raise LoadGenError(f"{base}/v1/models did not answer JSON") from None
+            state = await readiness.aprobe(client, base, timeout=5)
+            if state.ready:
+                if self.spec.model not in state.models:
+                    raise LoadGenError(
+                        f"model {self.spec.model!r} is not served at "
+                        f"{base} (it serves {list(state.models)})"
+                    )
+                return
             if time.monotonic() > deadline or self.stopping:
                 raise LoadGenError(
                     f"cannot reach a ready server at {base} within "
-                    f"{self.spec.ready_timeout_s:g} s: {last_error}"
+                    f"{self.spec.ready_timeout_s:g} s: {state.problem}"
                 )
             await asyncio.sleep(0.25)
 
@@ -520,8 +511,6 @@ def run(spec: LoadSpec, on_progress=None) -> Result:
     installed: its cheaper I/O callbacks keep the client's own delay out of the numbers.
     With ``spec.workers > 1`` the load is shared by that many processes (see shard.py)."""
     if spec.workers > 1:
-        from benchmarks.loadgen.shard import run_sharded
-
         return run_sharded(spec, on_progress)
     with asyncio.Runner(loop_factory=new_event_loop_factory()) as runner:
         return runner.run(arun(spec, on_progress))
