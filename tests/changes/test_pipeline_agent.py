@@ -101,6 +101,11 @@ def test_a_good_change_is_applied_and_verified(fleet, operator, approver):
         deployment,
         {"max_num_seqs": 128},
         verify_profile=make_profile(spec=PROFILE),
+        # 8 streams of a simulated engine at ~6 ms a token on a loaded two-core machine: the
+        # scheduler alone moves p95 ITL by a third between two runs. This test is about the
+        # pipeline reaching "applied"; judging small regressions is advice's (unit-tested),
+        # and a real regression is the max_num_seqs=1 test below.
+        thresholds={"max_ttft_p95_regression": 1.0, "max_itl_p95_regression": 1.0},
     )
     change = apply_inline(operator, change)
     assert change.state == "applied", (change.outcome, stages(change))
