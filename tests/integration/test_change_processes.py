@@ -69,6 +69,9 @@ def test_worker_applies_and_verifies_a_change_streaming_its_timeline(
             rationale="shared system prompts",
             settings={"max_model_len": 8192, "enable_prefix_caching": True},
             verify_profile=make_profile(spec=PROFILE),
+            # A few ms of simulated ITL on a loaded machine move p95 by 20-40 % between runs:
+            # this test is about the worker, the socket and the record, not verdicts.
+            thresholds={"max_ttft_p95_regression": 1.0, "max_itl_p95_regression": 1.0},
         )
         review.approve_change(approver, change)
         worker = start("worker", compose_command("worker"), production_env)
