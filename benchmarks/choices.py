@@ -2,13 +2,15 @@
 
 from django.db import models
 
+from controlpanel.choices import ColouredChoices
 
-class ProfileSource(models.TextChoices):
-    BUILTIN = "builtin", "Built-in starter"
-    MANUAL = "manual", "Written by hand"
-    TRAFFIC = "traffic", "Fitted to a traffic sample"
-    REPLAY = "replay", "Replays a traffic sample"
-    IMPORTED = "imported", "Imported"
+
+class ProfileSource(ColouredChoices):
+    BUILTIN = "builtin", "Built-in starter", "blue"
+    MANUAL = "manual", "Written by hand", "grey"
+    TRAFFIC = "traffic", "Fitted to a traffic sample", "green"
+    REPLAY = "replay", "Replays a traffic sample", "green"
+    IMPORTED = "imported", "Imported", "amber"
 
 
 class RunSource(models.TextChoices):

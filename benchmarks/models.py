@@ -85,6 +85,10 @@ class LoadProfile(models.Model):
         return describe(self.spec)
 
     @property
+    def source_choice(self) -> ProfileSource:
+        return ProfileSource(self.source)
+
+    @property
     def is_latest(self) -> bool:
         return not LoadProfile.objects.filter(name=self.name, version__gt=self.version).exists()
 

@@ -1,6 +1,8 @@
-"""Choices of the hosts app, each with a badge colour."""
+"""Choices of the hosts app; statuses declare their badge colour (``ColouredChoices``)."""
 
 from django.db import models
+
+from controlpanel.choices import ColouredChoices
 
 
 class TransportKind(models.TextChoices):
@@ -17,46 +19,23 @@ class EngineKind(models.TextChoices):
     SGLANG = "sglang", "SGLang"
 
 
-class DeploymentStatus(models.TextChoices):
-    UNKNOWN = "unknown", "Unknown"
-    STOPPED = "stopped", "Stopped"
-    STARTING = "starting", "Starting"
-    RUNNING = "running", "Running"
-    DEGRADED = "degraded", "Degraded"
-    FAILED = "failed", "Failed"
-
-    @property
-    def colour(self) -> str:
-        return {
-            DeploymentStatus.UNKNOWN: "grey",
-            DeploymentStatus.STOPPED: "grey",
-            DeploymentStatus.STARTING: "blue",
-            DeploymentStatus.RUNNING: "green",
-            DeploymentStatus.DEGRADED: "amber",
-            DeploymentStatus.FAILED: "red",
-        }[self]
+class DeploymentStatus(ColouredChoices):
+    UNKNOWN = "unknown", "Unknown", "grey"
+    STOPPED = "stopped", "Stopped", "grey"
+    STARTING = "starting", "Starting", "blue"
+    RUNNING = "running", "Running", "green"
+    DEGRADED = "degraded", "Degraded", "amber"
+    FAILED = "failed", "Failed", "red"
 
 
-class HostStatus(models.TextChoices):
-    UNKNOWN = "unknown", "Not contacted yet"
-    ONLINE = "online", "Online"
-    UNREACHABLE = "unreachable", "Unreachable"
-    AUTH_FAILED = "auth_failed", "Credentials refused"
-    HOST_KEY = "host_key", "Host key to accept"
-    HOST_KEY_CHANGED = "host_key_changed", "Host key changed"
-    ERROR = "error", "Error"
-
-    @property
-    def colour(self) -> str:
-        return {
-            HostStatus.UNKNOWN: "grey",
-            HostStatus.ONLINE: "green",
-            HostStatus.UNREACHABLE: "red",
-            HostStatus.AUTH_FAILED: "red",
-            HostStatus.HOST_KEY: "amber",
-            HostStatus.HOST_KEY_CHANGED: "red",
-            HostStatus.ERROR: "red",
-        }[self]
+class HostStatus(ColouredChoices):
+    UNKNOWN = "unknown", "Not contacted yet", "grey"
+    ONLINE = "online", "Online", "green"
+    UNREACHABLE = "unreachable", "Unreachable", "red"
+    AUTH_FAILED = "auth_failed", "Credentials refused", "red"
+    HOST_KEY = "host_key", "Host key to accept", "amber"
+    HOST_KEY_CHANGED = "host_key_changed", "Host key changed", "red"
+    ERROR = "error", "Error", "red"
 
 
 class LaunchStyle(models.TextChoices):
@@ -75,15 +54,7 @@ class OperationKind(models.TextChoices):
     RESTART = "restart", "Restart engine"
 
 
-class OperationOutcome(models.TextChoices):
-    READY = "ready", "Ready"
-    ROLLED_BACK = "rolled_back", "Rolled back"
-    FAILED = "failed", "Failed"
-
-    @property
-    def colour(self) -> str:
-        return {
-            OperationOutcome.READY: "green",
-            OperationOutcome.ROLLED_BACK: "amber",
-            OperationOutcome.FAILED: "red",
-        }[self]
+class OperationOutcome(ColouredChoices):
+    READY = "ready", "Ready", "green"
+    ROLLED_BACK = "rolled_back", "Rolled back", "amber"
+    FAILED = "failed", "Failed", "red"

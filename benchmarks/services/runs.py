@@ -325,6 +325,7 @@ def publish_status(run: BenchmarkRun) -> None:
             "id": run.pk,
             "status": run.status,
             "label": run.get_status_display(),
+            "colour": run.status_choice.colour,
             "progress": run.progress,
             "cancel_requested": run.cancel_requested,
             "error": run.error,

@@ -9,27 +9,16 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.text import slugify
 
-from benchmarks.choices import ProfileSource
 from benchmarks.forms.profiles import ImportForm, ProfileForm, TrafficForm, document_json
 from benchmarks.loadgen.profile import describe, length_text, normalize, plan
 from benchmarks.loadgen.spec import SpecError
 from benchmarks.models import LoadProfile
 from benchmarks.services import profiles as services
 
-SOURCE_COLOURS = {
-    ProfileSource.BUILTIN: "blue",
-    ProfileSource.MANUAL: "grey",
-    ProfileSource.TRAFFIC: "green",
-    ProfileSource.REPLAY: "green",
-    ProfileSource.IMPORTED: "amber",
-}
-
 
 @permission_required("benchmarks.view_loadprofile", raise_exception=True)
 def profile_list(request):
     rows = list(services.profile_table())
-    for profile in rows:
-        profile.source_colour = SOURCE_COLOURS.get(profile.source, "grey")
     return render(request, "benchmarks/profile_list.html", {"profiles": rows})
 
 
@@ -82,7 +71,6 @@ def profile_detail(request, pk):
         "replay_rows": len(spec["replay"]["rows"]) if spec["replay"] else None,
         "planned_requests": requests,
         "planned_seconds": seconds,
-        "source_colour": SOURCE_COLOURS.get(profile.source, "grey"),
         "newest": services.newest_version(profile),
         "history": services.version_history(profile),
         "runs": services.recent_runs(profile),

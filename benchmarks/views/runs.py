@@ -92,6 +92,7 @@ def run_timeline(request, pk):
         {
             "status": run.status,
             "label": run.get_status_display(),
+            "colour": run.status_choice.colour,
             "finished": run.is_finished,
             "cancel_requested": run.cancel_requested,
             "progress": run.progress,

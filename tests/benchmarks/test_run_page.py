@@ -100,7 +100,7 @@ def test_the_backfill_pages_through_what_was_missed(client, viewer, django_asser
     assert [p["t"] for p in reply["points"]] == [1996.0, 1997.0, 1998.0, 1999.0, 2000.0]
     assert reply["more"] is False and samples(reply["points"]) == 5 * TTFT_SAMPLES_PER_TICK
     assert reply["status"] == "running" and reply["finished"] is False
-    assert reply["label"] == "Running"
+    assert reply["label"] == "Running" and reply["colour"] == "blue"  # the badge, as declared
 
     # A long one (or a fresh page asking from the start): bounded pages, no gap, no repeat.
     seen = []
@@ -130,6 +130,7 @@ def test_the_backfill_tells_a_page_that_the_run_ended(client, viewer):
     client.force_login(viewer)
     reply = client.get(reverse("benchmarks:timeline", args=[run.pk]), {"since": "2"}).json()
     assert reply["status"] == "succeeded" and reply["finished"] is True
+    assert reply["colour"] == "green"
     assert [p["t"] for p in reply["points"]] == [3.0]
 
 

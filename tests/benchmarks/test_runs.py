@@ -355,6 +355,7 @@ def test_a_running_run_that_stopped_writing_points_is_failed(settings, published
     assert never.status == "failed" and "it wrote no point" in never.error
     assert alive.status == "running" and waiting.status == "running"
     statuses = [data for group, event, data in published if event == "run.status"]
+    assert {d["colour"] for d in statuses} == {"red"}
     assert {(d["id"], d["status"], d["finished"]) for d in statuses} == {
         (gone.pk, "failed", True),
         (never.pk, "failed", True),
