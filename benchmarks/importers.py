@@ -12,7 +12,7 @@ Two kinds of file are understood:
   lists (input_lens, output_lens, ttfts and itls in seconds, errors, start_times in newer
   versions).
 
-Both become what ``benchmarks.services.runs.store_results`` takes: the load generator's
+Both become what ``benchmarks.services.results.store_results`` takes: the load generator's
 document (summary keys at the top level, named as ``benchmarks.loadgen.stats.summarize``
 names them) plus per-request records shaped like ``RequestRecord.to_dict()``.
 """
@@ -25,12 +25,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from benchmarks.loadgen.stats import describe
+from benchmarks.metrics import LATENCIES, TTFT
 
 LOADGEN = "loadgen"
 VLLM_BENCH = "vllm-bench"
-METRICS = ("ttft", "tpot", "itl", "e2el")
 # vllm writes p99.9 as "p99.9_ttft_ms"; the load generator as "p99_9_ttft_ms".
-PERCENTILE_KEY = re.compile(r"^p(\d+(?:[._]\d+)?)_(ttft|tpot|itl|e2el)_ms$")
+PERCENTILE_KEY = re.compile(
+    r"^p(\d+(?:[._]\d+)?)_(" + "|".join(latency.key for latency in LATENCIES) + r")_ms$"
+)
 DETAILED = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors")
 # Per-request lists some vllm versions add; never part of the summary.
 DETAILED_EXTRA = (
@@ -133,36 +135,8 @@ def _vllm(data: dict) -> Imported:
     completed = _number(data.get("completed"))
     if completed is None:
         raise ValueError("vllm bench serve result: 'completed' must be a number")
-    completed = int(completed)
-    doc: dict = {}
-    for key, value in data.items():
-        if key in DETAILED or key in DETAILED_EXTRA:
-            continue
-        match = PERCENTILE_KEY.match(key)
-        if match:
-            p = float(match.group(1).replace("_", "."))
-            doc[f"p{_label(p)}_{match.group(2)}_ms"] = value
-        elif isinstance(value, str):
-            doc[key] = value[:MAX_TEXT]
-        elif value is None or isinstance(value, bool | int | float):
-            doc[key] = value
-        # lists and objects of other tools' extensions are not kept
-    num_prompts = _number(data.get("num_prompts"))
-    failed = _number(data.get("failed"))
-    if failed is None:
-        failed = max(int(num_prompts) - completed, 0) if num_prompts is not None else 0
-        notes.append("failed requests = num_prompts − completed (the file does not count them)")
-    failed = int(failed)
-    doc["completed"], doc["failed"] = completed, failed
-    measured = completed + failed
-    doc["error_rate"] = failed / measured if measured else 0.0
-    doc["num_prompts"] = measured
-    if doc.get("request_goodput") is None:
-        doc.pop("request_goodput", None)
-    else:
-        duration = _number(data.get("duration"))
-        if duration and measured:
-            doc["goodput_share"] = min(doc["request_goodput"] * duration / measured, 1.0)
+    doc = _vllm_summary(data)
+    _vllm_counts(doc, data, int(completed), notes)
     backend = str(data.get("backend") or data.get("endpoint_type") or "")
     doc.setdefault("endpoint", "/v1/chat/completions" if "chat" in backend else "/v1/completions")
     records = _vllm_records(data, notes)
@@ -173,7 +147,7 @@ def _vllm(data: dict) -> Imported:
             "the file has no per-request lists (vllm bench serve --save-detailed): no latency "
             "distributions or request log"
         )
-        if "p95_ttft_ms" not in doc:
+        if TTFT.summary_key(95) not in doc:
             notes.append(
                 "p95 latencies are not in the file (vllm bench serve writes p99 unless "
                 "--metric-percentiles asks for more)"
@@ -195,6 +169,46 @@ def _vllm(data: dict) -> Imported:
     )
 
 
+def _vllm_summary(data: dict) -> dict:
+    """The file's scalar values: percentiles renamed as the load generator names them
+    (p99.9 → p99_9), text cut short, per-request lists and other tools' objects left out."""
+    doc: dict = {}
+    for key, value in data.items():
+        if key in DETAILED or key in DETAILED_EXTRA:
+            continue
+        match = PERCENTILE_KEY.match(key)
+        if match:
+            p = float(match.group(1).replace("_", "."))
+            doc[f"p{_label(p)}_{match.group(2)}_ms"] = value
+        elif isinstance(value, str):
+            doc[key] = value[:MAX_TEXT]
+        elif value is None or isinstance(value, bool | int | float):
+            doc[key] = value
+        # lists and objects of other tools' extensions are not kept
+    return doc
+
+
+def _vllm_counts(doc: dict, data: dict, completed: int, notes: list[str]) -> None:
+    """Succeeded, failed (counted from num_prompts when the file has no count), the error
+    rate, and the share of requests meeting the goodput SLOs when the file measured it."""
+    num_prompts = _number(data.get("num_prompts"))
+    failed = _number(data.get("failed"))
+    if failed is None:
+        failed = max(int(num_prompts) - completed, 0) if num_prompts is not None else 0
+        notes.append("failed requests = num_prompts − completed (the file does not count them)")
+    failed = int(failed)
+    doc["completed"], doc["failed"] = completed, failed
+    measured = completed + failed
+    doc["error_rate"] = failed / measured if measured else 0.0
+    doc["num_prompts"] = measured
+    if doc.get("request_goodput") is None:
+        doc.pop("request_goodput", None)
+    else:
+        duration = _number(data.get("duration"))
+        if duration and measured:
+            doc["goodput_share"] = min(doc["request_goodput"] * duration / measured, 1.0)
+
+
 def _vllm_records(data: dict, notes: list[str]) -> list[dict] | None:
     """Per-request records from vllm's detailed lists (all the same length: one entry per
     request, failures included), or None when the file has none or they disagree."""
@@ -211,6 +225,27 @@ def _vllm_records(data: dict, notes: list[str]) -> list[dict] | None:
     if not isinstance(errors, list) or len(errors) != n:
         errors = [""] * n
         notes.append("the per-request errors do not line up with the requests: all are taken as ok")
+    sent, relative = _send_times(data, n, notes)
+    latencies = _latencies(data, n, notes)
+    return [
+        _vllm_record(
+            i,
+            errors[i],
+            _number(ttfts[i]),
+            itls[i],
+            sent[i],
+            _number(latencies[i]) if latencies is not None else None,
+            input_lens[i],
+            _number(output_lens[i]),
+            relative,
+        )
+        for i in range(n)
+    ]
+
+
+def _send_times(data: dict, n: int, notes: list[str]) -> tuple[list[float], bool]:
+    """Each request's send time from the first's, and whether they are unknown (then every
+    request counts from its own send: ``relative_times``)."""
     starts = data.get("start_times")
     if (
         isinstance(starts, list)
@@ -218,63 +253,58 @@ def _vllm_records(data: dict, notes: list[str]) -> list[dict] | None:
         and all(_number(s) is not None for s in starts)
     ):
         t0 = min(float(s) for s in starts)
-        sent = [float(s) - t0 for s in starts]
-        relative = False
-    else:
-        sent = [0.0] * n
-        relative = True
-        notes.append("the file has no send times: the request log has no scheduled/sent times")
+        return [float(s) - t0 for s in starts], False
+    notes.append("the file has no send times: the request log has no scheduled/sent times")
+    return [0.0] * n, True
+
+
+def _latencies(data: dict, n: int, notes: list[str]) -> list | None:
     latencies = data.get("e2els") or data.get("latencies")
-    if not (isinstance(latencies, list) and len(latencies) == n):
-        latencies = None
-        notes.append(
-            "end-to-end latency per request is TTFT + the sum of its inter-token gaps "
-            "(the file has no per-request latency)"
-        )
-    records = []
-    for i in range(n):
-        error = errors[i]
-        ok = not error
-        ttft = _number(ttfts[i])
-        gaps = [g for g in (itls[i] or []) if _number(g) is not None] if ok else []
-        start = sent[i]
-        first = start + ttft if ok and ttft is not None else None
-        chunk_times = []
-        if first is not None:
-            chunk_times = [first]
-            for gap in gaps:
-                chunk_times.append(chunk_times[-1] + float(gap))
-        latency = _number(latencies[i]) if latencies is not None else None
-        if latency is not None:
-            end = start + latency
-        elif chunk_times:
-            end = chunk_times[-1]
-        else:
-            end = start
-        output = _number(output_lens[i])
-        records.append(
-            {
-                "index": i,
-                "stage": "main",
-                "warmup": False,
-                "input_len": int(_number(input_lens[i]) or 0),
-                "max_tokens": None,
-                "prompt_tokens": int(_number(input_lens[i])) if input_lens[i] is not None else None,
-                "output_tokens": int(output) if ok and output is not None else 0,
-                "token_source": "usage",
-                "scheduled": start,
-                "sent": start,
-                "first_token": first,
-                "end": end,
-                "chunk_times": chunk_times,
-                "status": 200 if ok else None,
-                "error_class": None if ok else _error_class(str(error)),
-                "error": "" if ok else str(error)[:200],
-                "prefix_id": None,
-                "relative_times": relative,
-            }
-        )
-    return records
+    if isinstance(latencies, list) and len(latencies) == n:
+        return latencies
+    notes.append(
+        "end-to-end latency per request is TTFT + the sum of its inter-token gaps "
+        "(the file has no per-request latency)"
+    )
+    return None
+
+
+def _vllm_record(i, error, ttft, itls, start, latency, input_len, output, relative) -> dict:
+    """One request as the load generator records it (``RequestRecord.to_dict()``)."""
+    ok = not error
+    gaps = [g for g in (itls or []) if _number(g) is not None] if ok else []
+    first = start + ttft if ok and ttft is not None else None
+    chunk_times = []
+    if first is not None:
+        chunk_times = [first]
+        for gap in gaps:
+            chunk_times.append(chunk_times[-1] + float(gap))
+    if latency is not None:
+        end = start + latency
+    elif chunk_times:
+        end = chunk_times[-1]
+    else:
+        end = start
+    return {
+        "index": i,
+        "stage": "main",
+        "warmup": False,
+        "input_len": int(_number(input_len) or 0),
+        "max_tokens": None,
+        "prompt_tokens": int(_number(input_len)) if input_len is not None else None,
+        "output_tokens": int(output) if ok and output is not None else 0,
+        "token_source": "usage",
+        "scheduled": start,
+        "sent": start,
+        "first_token": first,
+        "end": end,
+        "chunk_times": chunk_times,
+        "status": 200 if ok else None,
+        "error_class": None if ok else _error_class(str(error)),
+        "error": "" if ok else str(error)[:200],
+        "prefix_id": None,
+        "relative_times": relative,
+    }
 
 
 def _error_class(text: str) -> str:

@@ -32,6 +32,7 @@ from array import array
 from collections.abc import Iterable, Iterator
 
 from benchmarks.loadgen.stats import percentile
+from benchmarks.metrics import ITL, LATENCIES
 
 MAGIC = b"RQLG"
 FORMAT_VERSION = 1
@@ -366,33 +367,29 @@ def _pooled_gaps(ok: list[dict]) -> tuple[list[float], int]:
 
 def distributions(records: list[dict]) -> dict:
     """Quantiles (at ``QUANTILES`` percent) of TTFT, ITL, TPOT and E2EL in ms over the
-    successful measured requests, for CDF charts. ITL pools every inter-chunk gap of every
-    request (as ``vllm bench serve`` does). A metric without values is None."""
+    successful measured requests, for CDF charts (keyed ``Latency.distribution``). ITL pools
+    every inter-chunk gap of every request (as ``vllm bench serve`` does). A metric without
+    values is None."""
     rows = measured(records)
     ok = [r for r in rows if r.get("error_class") is None]
-    ttft, tpot, e2el = [], [], []
+    # One value a request (ITL: many, pooled below), named as ``derived`` names them.
+    values: dict[str, list[float]] = {lat.key: [] for lat in LATENCIES if lat is not ITL}
     for r in ok:
         d = derived(r)
-        if not math.isnan(d["ttft_ms"]):
-            ttft.append(d["ttft_ms"])
-        if not math.isnan(d["tpot_ms"]):
-            tpot.append(d["tpot_ms"])
-        if not math.isnan(d["e2el_ms"]):
-            e2el.append(d["e2el_ms"])
+        for key, found in values.items():
+            value = d[f"{key}_ms"]
+            if not math.isnan(value):
+                found.append(value)
     itl, gaps_total = _pooled_gaps(ok)
+    values[ITL.key] = itl
+    counts = {key: len(found) for key, found in values.items()} | {ITL.key: gaps_total}
     out = {
         "q": list(QUANTILES),
-        "ttft_ms": _quantiles(ttft),
-        "itl_ms": _quantiles(itl),
-        "tpot_ms": _quantiles(tpot),
-        "e2el_ms": _quantiles(e2el),
+        **{lat.distribution: _quantiles(values[lat.key]) for lat in LATENCIES},
         "n": {
             "requests": len(rows),
             "succeeded": len(ok),
-            "ttft": len(ttft),
-            "itl": gaps_total,
-            "tpot": len(tpot),
-            "e2el": len(e2el),
+            **{lat.key: counts[lat.key] for lat in LATENCIES},
         },
     }
     if len(itl) < gaps_total:
