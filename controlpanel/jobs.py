@@ -17,10 +17,11 @@ import logging
 from collections.abc import Callable
 from typing import TypeVar
 
-from celery import current_app
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import transaction
 from django.db.models import Model, QuerySet
+
+from controlpanel.celery import app
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +62,12 @@ def _is_finished(row) -> bool:
 def task(name: str):
     """The registered task called ``name`` (``"<app>.tasks.<function>"``). Its module is
     imported by name on first use so the task is registered in this process (a web process
-    never imports task modules otherwise)."""
+    never imports task modules otherwise). The panel's own Celery app, not ``current_app``:
+    a client app made elsewhere in the process (a test's, a script's) must not take the
+    panel's tasks."""
     module = name.rpartition(".")[0]
     importlib.import_module(module)
-    return current_app.tasks[name]
+    return app.tasks[name]
 
 
 def enqueue(name: str, *args, **options):
