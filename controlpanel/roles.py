@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.db.models import Q
+
 PANEL_APPS = ("controlpanel", "hosts", "benchmarks", "changes")
 
 
@@ -71,8 +73,6 @@ ROLES = (VIEWER, OPERATOR, APPROVER, ADMIN)
 
 def permissions_for(role: Role, permission_model):
     """The Permission rows ``role`` should hold. Missing ones (models not built yet) are skipped."""
-    from django.db.models import Q
-
     query = Q(content_type__app_label__in=PANEL_APPS) & Q(
         codename__regex=r"^({})_".format("|".join(role.verbs))
     )

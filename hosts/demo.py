@@ -11,9 +11,11 @@ Ports: agent *i* listens on ``DEMO_FLEET_PORT + i``, its engine on ``DEMO_FLEET_
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -108,9 +110,6 @@ def _die_with_parent() -> None:
     """In the agent, before exec: get SIGTERM when the panel dies, however it dies, so no
     demo agent (and so no simulated engine: the agent stops them) outlives it (Linux)."""
     try:
-        import ctypes
-        import signal
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from decimal import Decimal
 
@@ -55,8 +56,6 @@ def validate_fingerprint(value: str) -> None:
 
 def validate_address(value: str) -> None:
     """A DNS name, an IPv4 address or an IPv6 address; nothing that could smuggle a command."""
-    import ipaddress
-
     try:
         ipaddress.ip_address(value.strip("[]"))
         return
