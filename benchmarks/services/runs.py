@@ -24,6 +24,7 @@ from benchmarks.models import BenchmarkRun, LoadProfile
 from benchmarks.services.environment import environment
 from benchmarks.services.points import PointSink
 from benchmarks.services.results import store_results
+from controlpanel import timelimits
 from controlpanel.choices import OperationStatus
 from controlpanel.jobs import enqueue_on_commit
 from controlpanel.realtime import group_name, publish
@@ -49,10 +50,7 @@ def time_limit_for(profile: LoadProfile) -> int:
     for readiness and warm-up, capped by BENCHMARK_MAX_SECONDS (also the limit of a profile
     whose length cannot be known in advance)."""
     _, seconds = plan(profile.spec)
-    cap = settings.BENCHMARK_MAX_SECONDS
-    if seconds is None:
-        return int(cap)
-    return int(min(cap, seconds * 3 + 300))
+    return timelimits.benchmark_budget(seconds, settings.BENCHMARK_MAX_SECONDS)
 
 
 def start_benchmark(
@@ -133,7 +131,7 @@ def _create_run(actor, deployment: Deployment, profile: LoadProfile, label: str,
 
 def _enqueue(run: BenchmarkRun, limit: int) -> None:
     """Send the run's task once the row is committed, with the profile's own time limits."""
-    enqueue_on_commit(RUN_TASK, run.pk, soft_time_limit=limit + 60, time_limit=limit + 120)
+    enqueue_on_commit(RUN_TASK, run.pk, **timelimits.benchmark(limit).options())
 
 
 def cancel_benchmark(actor, run: BenchmarkRun) -> BenchmarkRun:
