@@ -11,7 +11,7 @@ from controlpanel import timelimits
 from controlpanel.jobs import run_job
 
 
-# The limit is sent per call from the change (pipeline.time_limit); this default only covers
+# The limit is sent per call from the change (apply.time_limit); this default only covers
 # a call made without one.
 @shared_task(bind=True, **timelimits.DEFAULT_PIPELINE.options())
 def apply_change(self, change_pk: int) -> None:
