@@ -16,8 +16,7 @@ import pytest
 from hosts.agent.host import LIBRARIES, library_versions
 from hosts.models import HostCheck
 from hosts.services import checks
-from hosts.transport import ssh as ssh_module
-from hosts.transport.ssh import LIBRARIES_PY, Result, SshTransport
+from hosts.transport.ssh import LIBRARIES_PY, Result, SshTransport, parsing
 from tests.factories import make_host
 from tests.hosts.agent.packages import FAKE, expected, fake_site
 
@@ -80,8 +79,8 @@ def test_ssh_info_asks_the_hosts_python(tmp_path, monkeypatch):
 def test_ssh_info_without_a_python_reports_no_libraries(tmp_path, monkeypatch):
     info = local_ssh(tmp_path, monkeypatch, str(tmp_path / "missing-python")).info()
     assert info["libraries"] == {} and info["kind"] == "ssh"
-    assert ssh_module._libraries("Traceback (most recent call last):") == {}
-    assert ssh_module._libraries('["not", "a", "dict"]') == {}
+    assert parsing.libraries("Traceback (most recent call last):") == {}
+    assert parsing.libraries('["not", "a", "dict"]') == {}
 
 
 class FakeAgent(BaseHTTPRequestHandler):

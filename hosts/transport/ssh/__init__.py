@@ -20,7 +20,6 @@ from hosts.transport.ssh.connection import (
     load_private_key,
 )
 from hosts.transport.ssh.parsing import EngineFiles
-from hosts.transport.ssh.parsing import libraries as _libraries  # noqa: F401 - tests use it
 from hosts.transport.ssh.scripts import (
     ENGINE_FILES_SCRIPT,
     HTTP_GET_PY,
