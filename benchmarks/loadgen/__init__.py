@@ -6,7 +6,8 @@ result = run(LoadSpec(base_url="http://127.0.0.1:8000", model="m", stages=(Stage
 
 from importlib import metadata
 
-from benchmarks.loadgen.runner import LoadGenError, LoadRun, Result, arun, run
+from benchmarks.loadgen.entry import run
+from benchmarks.loadgen.runner import LoadGenError, LoadRun, Result, arun
 from benchmarks.loadgen.spec import Dataset, LengthDist, LoadSpec, SpecError, Stage, Trace
 
 try:

@@ -19,6 +19,7 @@ import sys
 from datetime import datetime
 
 from benchmarks.loadgen.runner import LoadGenError, LoadRun
+from benchmarks.loadgen.shard import ShardedRun
 from benchmarks.loadgen.spec import Dataset, LengthDist, LoadSpec, SpecError, Stage, Trace
 
 
@@ -255,8 +256,6 @@ def main(argv: list[str] | None = None) -> int:
         spec = spec_from_args(args)
         progress = None if args.quiet else progress_line
         if spec.workers > 1:
-            from benchmarks.loadgen.shard import ShardedRun
-
             runner = ShardedRun(spec, on_progress=progress)
         else:
             runner = LoadRun(spec, on_progress=progress)

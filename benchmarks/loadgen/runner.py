@@ -19,7 +19,6 @@ from benchmarks.loadgen.arrivals import open_loop_offsets, open_loop_stream
 from benchmarks.loadgen.client import CLOCK, make_client, request_body, send
 from benchmarks.loadgen.dataset import Prompt, PromptFactory, load_trace
 from benchmarks.loadgen.scrape import Scraper
-from benchmarks.loadgen.shard import run_sharded
 from benchmarks.loadgen.spec import LoadSpec, Stage
 from benchmarks.loadgen.stats import RequestRecord, percentile, summarize
 from benchmarks.loadgen.transport import FastTransport
@@ -506,11 +505,9 @@ def new_event_loop_factory():
         return None
 
 
-def run(spec: LoadSpec, on_progress=None) -> Result:
-    """Run ``spec`` to the end (blocking), e.g. from a Celery task. Uses uvloop when it is
-    installed: its cheaper I/O callbacks keep the client's own delay out of the numbers.
-    With ``spec.workers > 1`` the load is shared by that many processes (see shard.py)."""
-    if spec.workers > 1:
-        return run_sharded(spec, on_progress)
+def run_in_process(spec: LoadSpec, on_progress=None) -> Result:
+    """Run ``spec`` to the end in this process (blocking). Uses uvloop when it is installed:
+    its cheaper I/O callbacks keep the client's own delay out of the numbers. ``run`` (in
+    ``entry``) picks this or the sharded run by ``spec.workers``."""
     with asyncio.Runner(loop_factory=new_event_loop_factory()) as runner:
         return runner.run(arun(spec, on_progress))

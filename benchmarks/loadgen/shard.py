@@ -10,11 +10,20 @@ timelines point by point. Only worker 0 scrapes the server's /metrics.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import multiprocessing
 import queue as queue_module
 from dataclasses import fields, replace
+from datetime import UTC, datetime
 
+from benchmarks.loadgen.runner import (
+    LoadGenError,
+    LoadRun,
+    Result,
+    arun_with,
+    new_event_loop_factory,
+)
 from benchmarks.loadgen.spec import LoadSpec, Stage
 from benchmarks.loadgen.stats import RequestRecord, summarize
 
@@ -76,10 +85,6 @@ def split(spec: LoadSpec) -> list[LoadSpec]:
 
 
 def _worker(spec: LoadSpec, shard: tuple[int, int], out, cancel) -> None:
-    import asyncio
-
-    from benchmarks.loadgen.runner import LoadGenError, LoadRun, arun_with, new_event_loop_factory
-
     worker = shard[0]
 
     async def main():
@@ -151,8 +156,6 @@ class ShardedRun:
         self.cancel_event.set()
 
     def execute(self):
-        from benchmarks.loadgen.runner import LoadGenError, Result
-
         k = self.spec.workers
         out = self.context.Queue()
         processes = [
@@ -240,13 +243,7 @@ class ShardedRun:
 
 
 def _now() -> str:
-    from datetime import UTC, datetime
-
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def run_sharded(spec: LoadSpec, on_progress=None):
-    return ShardedRun(spec, on_progress).execute()
-
-
-__all__ = ["ShardedRun", "Stage", "run_sharded", "split"]
+__all__ = ["ShardedRun", "Stage", "split"]
