@@ -1,2 +1,2 @@
 """How the panel reaches a host: ``Transport`` (base.py) with an agent client (agent.py) and
-an SSH implementation (ssh.py)."""
+an SSH implementation (the ssh/ package)."""
