@@ -15,7 +15,7 @@ from benchmarks.loadgen.profile import normalize
 from benchmarks.loadgen.spec import SpecError
 from benchmarks.metrics import BY_KEY, HIGHER, LOWER, Metric, numbers, pick
 from hosts.engines import EngineSpec, Flag, get_spec
-from hosts.simulator.catalog import GPUS, UnknownModel, resolve_model
+from hosts.engines.catalog import GPUS, UnknownModel, resolve_model
 from hosts.simulator.config import StartupError
 from hosts.simulator.predict import Workload, predict
 

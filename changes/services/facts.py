@@ -13,9 +13,9 @@ from changes.models import ChangeRequest
 from changes.rules import ChangeRefused
 from controlpanel.choices import OperationStatus
 from hosts.engines import get_spec
+from hosts.engines.catalog import GPUS
 from hosts.engines.launch import LaunchConfig, LaunchError, Placement
 from hosts.models import Deployment, EngineConfig
-from hosts.simulator.catalog import GPUS
 
 
 def validate_proposal(deployment: Deployment, settings: dict, env: dict, placement: dict) -> dict:

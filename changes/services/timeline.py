@@ -8,7 +8,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
 from django.utils import timezone
 
-from changes.choices import ChangeState, Stage, StageStatus
+from changes.choices import ChangeState, Decision, Stage, StageStatus
 from changes.models import ChangeRequest
 from controlpanel.jobs import enqueue_on_commit
 from controlpanel.models import AuditEntry
@@ -86,7 +86,7 @@ def timeline_item(entry: AuditEntry) -> dict:
     else:
         item.update(
             title=TITLES.get(action, action),
-            colour={"approve": "green", "reject": "red"}.get(action, "grey"),
+            colour=Decision(action).colour if action in Decision.values else "grey",
             message=after.get("comment") or after.get("text") or after.get("message") or "",
         )
     return item

@@ -15,7 +15,7 @@ import httpx
 
 from hosts.agent.host import numa_nodes
 from hosts.agent.nvml import decode_reasons
-from hosts.simulator.catalog import GPUS, GpuSpec
+from hosts.engines.catalog import GPUS, GpuSpec
 
 log = logging.getLogger("hosts.agent.simulated")
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hosts.engines import get_spec
+from hosts.engines.catalog import GPUS
 from hosts.engines.flags import SAFE_TEXT, EngineArgError, engine_version
 
 ENGINES = ("vllm", "sglang")
@@ -549,10 +550,6 @@ def _check_simulator(options: Any, errors: dict[str, str]) -> dict[str, Any]:
         elif value is None:
             continue
         elif key == "gpu":
-            # Plain data, no Django; imported here because the simulator builds on this
-            # package, not the other way round.
-            from hosts.simulator.catalog import GPUS
-
             if not isinstance(value, str) or value not in GPUS:
                 errors[field_name] = f"unknown GPU {value!r} (choose from {', '.join(GPUS)})"
             else:

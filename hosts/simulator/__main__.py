@@ -14,8 +14,8 @@ import logging
 import sys
 
 from hosts.engines import get_spec
+from hosts.engines.catalog import GPUS, UnknownModel, resolve_gpu
 from hosts.engines.flags import EngineArgError
-from hosts.simulator.catalog import GPUS, UnknownModel, resolve_gpu
 from hosts.simulator.config import StartupError, build_config
 
 ENGINE_VERSIONS = {"vllm": "0.11.0", "sglang": "0.5.3"}

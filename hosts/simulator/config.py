@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from hosts.engines import get_spec, sglang, vllm
-from hosts.simulator.catalog import GpuSpec, ModelSpec, resolve_model
+from hosts.engines.catalog import GpuSpec, ModelSpec, resolve_model
 
 GIB = 2**30
 CUDA_CONTEXT_BYTES = 0.55 * GIB  # CUDA context + NCCL/cuBLAS workspaces: outside torch

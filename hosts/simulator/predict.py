@@ -11,7 +11,7 @@ import math
 import random
 from dataclasses import asdict, dataclass
 
-from hosts.simulator.catalog import GpuSpec, resolve_gpu
+from hosts.engines.catalog import GpuSpec, resolve_gpu
 from hosts.simulator.config import build_config
 from hosts.simulator.core import EngineCore, Request
 

@@ -209,11 +209,11 @@
 
     function status(data) {
       const badge = root.querySelector("[data-run-status]");
-      const colours = { queued: "grey", running: "blue", succeeded: "green", failed: "red", cancelled: "amber" };
       if (badge) {
         badge.textContent = data.label;
         badge.dataset.runStatus = data.status;
-        badge.className = "badge " + (colours[data.status] || "grey");
+        // The colour comes with the event, from the status's choice (one definition).
+        badge.className = "badge " + (data.colour || "grey");
       }
       const cancel = root.querySelector("[data-cancel-form]");
       if (cancel && (data.finished || data.cancel_requested)) {

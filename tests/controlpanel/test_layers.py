@@ -100,18 +100,20 @@ def test_contracts_bite(tmp_path):
             "hosts.engines": "def later():\n    from django.conf import settings\n",
             "benchmarks.loadgen": "import celery\n",
             "hosts.agent": "from hosts import models\n",  # the agent reaching the panel side
+            "hosts.engines.launch": "import hosts.simulator\n",  # the foundation reaching up
         },
     )
     result = lint_imports(tree)
     out = " ".join(result.stdout.split())  # the report wraps long names
     assert result.returncode == 1, out
-    assert "0 kept, 3 broken" in out
-    for contract_id in ("layers", "pure", "agent"):
+    assert f"0 kept, {len(config['contracts'])} broken" in out
+    for contract_id in ("layers", "pure", "engines", "agent"):
         assert f"{contract(config, contract_id)['name']} BROKEN" in out
     assert "hosts.models -> changes" in out
     assert "hosts.engines -> django" in out
     assert "benchmarks.loadgen -> celery" in out
     assert "hosts.agent -> hosts.models" in out
+    assert "hosts.engines.launch -> hosts.simulator" in out
 
 
 @pytest.mark.parametrize("module", ["hosts", "benchmarks", "changes"])

@@ -6,8 +6,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.loadgen.scrape import COUNTERS, GAUGES, HISTOGRAMS, deltas, parse
+from hosts.engines.catalog import resolve_gpu
 from hosts.engines.metrics import BY_KEY, ENDPOINTS, METRICS, endpoints, lookup
-from hosts.simulator.catalog import resolve_gpu
 from hosts.simulator.config import build_config
 from hosts.simulator.metrics import EngineMetrics
 from hosts.simulator.server import EngineRunner, create_app

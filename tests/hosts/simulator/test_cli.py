@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from hosts.simulator.catalog import GPUS
+from hosts.engines.catalog import GPUS
 from hosts.simulator.config import build_config
 from tests.hosts.simulator.conftest import LLAMA, QWEN, run_cli
 

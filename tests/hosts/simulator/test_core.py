@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from hosts.simulator.catalog import GPUS, MODELS, resolve_model
+from hosts.engines.catalog import GPUS, MODELS, resolve_model
 from hosts.simulator.config import build_config
 from hosts.simulator.core import EngineCore, Request
 from hosts.simulator.kvcache import KVCache

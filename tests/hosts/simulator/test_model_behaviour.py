@@ -3,7 +3,7 @@ directional effects that experts rely on (virtual time, same scheduler as the se
 
 import pytest
 
-from hosts.simulator.catalog import GPUS
+from hosts.engines.catalog import GPUS
 from hosts.simulator.config import StartupError, build_config
 from hosts.simulator.predict import Workload, predict
 

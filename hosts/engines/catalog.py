@@ -1,4 +1,6 @@
-"""GPUs and models the simulator knows, as plain data: add a row to extend it."""
+"""GPUs and models as plain data: what NVML reports of a GPU and what bounds an inference step,
+and the shapes of models (weights, layers, KV heads) that KV-cache and speed math need. The
+simulator, the launch rules and the advisor read it; add a row to extend it."""
 
 from __future__ import annotations
 
