@@ -192,7 +192,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "controlpanel.context_processors.panel",
+                "home.context_processors.panel",
             ],
         },
     },

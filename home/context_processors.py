@@ -1,4 +1,5 @@
-"""Values every page needs: the navigation the user may see, their roles, the currency."""
+"""Values every page needs: the navigation the user may see (it names every app's pages, so it
+lives in the top app), their roles, the currency."""
 
 from django.conf import settings
 from django.urls import reverse
