@@ -6,7 +6,12 @@ those numbers is the client's own error. Modes make it misbehave on purpose for 
 "Arrived" is the kernel's receive stamp of the request (``SO_TIMESTAMPNS``, as the load
 generator's transport uses), not the moment this server's event loop got to it: otherwise a
 busy server loop would shorten the TTFT it reports and that lateness would be blamed on the
-client. ``/stats`` gives, per ``X-Request-Id``, the TTFT the server actually produced.
+client. ``/stats`` gives, per ``X-Request-Id``, the TTFT the server actually produced, and
+with ``--record-tokens`` when each token was written: the ``CLOCK`` time (CLOCK_MONOTONIC,
+the same in every process of the machine) before and after the write that carried it, so
+a test can check a client's stamps against the moment the bytes left instead of against the
+nominal delays, which a busy machine does not keep. ``--exit-after N`` makes the process exit
+as the request after the Nth arrives (a server going away mid-run, at a known point).
 
     python -m benchmarks.loadgen.testserver --port 9000 --ttft-ms 50 --itl-ms 10
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import sys
 
@@ -167,6 +173,8 @@ class FixedLatencyServer:
         mode: str = "ok",
         error_every: int = 0,
         model: str = "fixed-latency",
+        record_tokens: bool = False,
+        exit_after: int = 0,
     ):
         self.ttft = ttft_ms / 1000
         self.itl = itl_ms / 1000
@@ -177,6 +185,9 @@ class FixedLatencyServer:
         self._framed: dict = {}
         self.lateness: list[float] = []
         self.actual_ttft: dict[str, float] = {}  # request id → first token sent - arrival
+        # request id → {"arrived": s, "sends": [[before, after], ...]}, one pair per token
+        self.token_times: dict[str, dict] | None = {} if record_tokens else None
+        self.exit_after = exit_after
 
     async def route(self, conn, method, path, headers, body, arrived) -> bool:
         if method == "GET" and path == "/health":
@@ -193,6 +204,7 @@ class FixedLatencyServer:
                 "first_token_late_p50_ms": pick(0.5),
                 "first_token_late_p99_ms": pick(0.99),
                 "actual_ttft_s": self.actual_ttft,
+                "token_times": self.token_times,
             }
             return self.reply(conn, 200, json.dumps(data).encode(), "application/json")
         if method == "GET" and path == "/v1/models":
@@ -200,6 +212,8 @@ class FixedLatencyServer:
             return self.reply(conn, 200, data.encode(), "application/json")
         if method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
             self.requests += 1
+            if self.exit_after and self.requests > self.exit_after:
+                os._exit(0)  # no clean-up, no goodbye: connections just break
             if self.mode == "error_500" or (
                 self.error_every and self.requests % self.error_every == 0
             ):
@@ -268,6 +282,10 @@ class FixedLatencyServer:
 
         kind = "chat.completion.chunk" if chat else "text_completion"
         chunk, last_chunk = self._chunks(kind, chat)
+        sends = None
+        if self.token_times is not None and request_id:
+            sends = []
+            self.token_times[request_id] = {"arrived": arrived, "sends": sends}
         for k in range(tokens):
             await sleep_until(arrived + self.ttft + k * self.itl)
             if conn.closed:
@@ -275,7 +293,10 @@ class FixedLatencyServer:
             if self.mode == "malformed" and k == 1:
                 send(b"data: {this is not json\n\n")
                 break
+            before = CLOCK()
             conn.write(last_chunk if k == tokens - 1 else chunk)
+            if sends is not None:
+                sends.append((before, CLOCK()))
             if k == 0:
                 # How late the server itself sent the first token: not the client's error.
                 now = CLOCK()
@@ -330,8 +351,18 @@ def main(argv=None) -> None:
     parser.add_argument("--mode", choices=MODES, default="ok")
     parser.add_argument("--error-every", type=int, default=0)
     parser.add_argument("--model", default="fixed-latency")
+    parser.add_argument("--record-tokens", action="store_true", help="/stats: token send times")
+    parser.add_argument("--exit-after", type=int, default=0, metavar="N")
     args = parser.parse_args(argv)
-    server = FixedLatencyServer(args.ttft_ms, args.itl_ms, args.mode, args.error_every, args.model)
+    server = FixedLatencyServer(
+        args.ttft_ms,
+        args.itl_ms,
+        args.mode,
+        args.error_every,
+        args.model,
+        record_tokens=args.record_tokens,
+        exit_after=args.exit_after,
+    )
     from benchmarks.loadgen.runner import new_event_loop_factory
 
     try:

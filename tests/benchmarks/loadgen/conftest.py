@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import httpx
 import pytest
 
 from tests.hosts.simulator.conftest import sim_server  # noqa: F401 - shared fixture
@@ -23,6 +24,10 @@ class FixedServer:
         self.port = int(line.rsplit(":", 1)[1])
         self.url = f"http://127.0.0.1:{self.port}"
 
+    def stats(self) -> dict:
+        """The server's /stats (see benchmarks/loadgen/testserver.py)."""
+        return httpx.get(self.url + "/stats", timeout=30).json()
+
     def stop(self):
         self.proc.terminate()
         self.proc.wait(10)
@@ -32,7 +37,9 @@ class FixedServer:
 def fixed_server():
     servers = []
 
-    def start(ttft_ms=20.0, itl_ms=5.0, mode="ok", error_every=0):
+    def start(
+        ttft_ms=20.0, itl_ms=5.0, mode="ok", error_every=0, record_tokens=False, exit_after=0
+    ):
         server = FixedServer(
             "--ttft-ms",
             str(ttft_ms),
@@ -42,6 +49,9 @@ def fixed_server():
             mode,
             "--error-every",
             str(error_every),
+            "--exit-after",
+            str(exit_after),
+            *(["--record-tokens"] if record_tokens else []),
         )
         servers.append(server)
         return server
