@@ -16,8 +16,6 @@ from hosts.models import EngineConfig, EngineOperation
 from tests.factories import make_host, make_profile, make_sim_deployment
 from tests.hosts.agent.conftest import AgentProcess
 from tests.integration.processes import compose_command, wait_until
-from tests.integration.test_fleet_processes import shared_key  # noqa: F401
-from tests.integration.test_production_processes import production_env, start  # noqa: F401
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

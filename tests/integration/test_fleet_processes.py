@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from celery import Celery
-from cryptography.fernet import Fernet
 from django.utils import timezone
 
 from hosts.models import EngineConfig, EngineOperation, GpuSample, GpuSampleMinute
@@ -17,7 +16,6 @@ from hosts.services import telemetry
 from tests.factories import make_host, make_sim_deployment
 from tests.hosts.agent.conftest import AgentProcess
 from tests.integration.processes import compose_command, wait_until
-from tests.integration.test_production_processes import production_env, start  # noqa: F401
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -25,17 +23,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 def host_state(host) -> str:
     host.refresh_from_db()
     return f"host {host.status} {host.last_error!r} polled {host.last_poll_at}"
-
-
-@pytest.fixture
-def shared_key(settings, production_env):  # noqa: F811
-    """The worker must read the token this process stored: one encryption key for both."""
-    key = Fernet.generate_key().decode()
-    settings.PANEL_ENCRYPTION_KEYS = [key]
-    production_env["PANEL_ENCRYPTION_KEY"] = key
-    production_env["TELEMETRY_INTERVAL_SECONDS"] = "1"
-    production_env["ENGINE_READY_TIMEOUT_SECONDS"] = "60"
-    return key
 
 
 def test_worker_applies_through_the_agent_and_beat_polls_into_postgres(

@@ -8,80 +8,20 @@ import asyncio
 import json
 import os
 import re
-import socket
-import subprocess
-import sys
 
 import httpx
 import pytest
-import redis
 import websockets
 from celery import Celery
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
-from django.db import connection
 
 from controlpanel.choices import OperationStatus
 from hosts.models import HostCheck
 from tests.conftest import free_port
 from tests.factories import make_host
-from tests.integration.processes import (
-    ROOT,
-    Process,
-    compose_command,
-    run_healthcheck,
-    wait_until,
-)
+from tests.integration.processes import compose_command, run_healthcheck, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def production_env(postgres, redis_url, tmp_path):
-    """The environment compose gives the panel, pointed at the test database and Redis."""
-    redis.Redis.from_url(redis_url).flushdb()
-    db = connection.settings_dict
-    password = f":{db['PASSWORD']}" if db["PASSWORD"] else ""
-    database_url = (
-        f"postgres://{db['USER']}{password}@{db['HOST'] or '127.0.0.1'}:"
-        f"{db['PORT'] or 5432}/{db['NAME']}"
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(
-        {
-            "DATABASE_URL": database_url,
-            "REDIS_URL": redis_url,
-            "SECRET_KEY": "integration-" + "k" * 50,
-            "ALLOWED_HOSTS": "127.0.0.1,localhost",
-            "HTTPS": "false",
-            "VAR_DIR": str(tmp_path / "var"),
-            "HOST_CHECK_INTERVAL_SECONDS": "0",
-            "HOSTNAME": socket.gethostname(),
-            "STATIC_ROOT": str(tmp_path / "static"),
-        }
-    )
-    # What the Dockerfile does at build time.
-    subprocess.run(
-        [sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        timeout=180,
-    )
-    return env
-
-
-@pytest.fixture
-def start(tmp_path):
-    started: list[Process] = []
-
-    def _start(name, cmd, env):
-        process = Process(name, cmd, env, tmp_path)
-        started.append(process)
-        return process
-
-    yield _start
-    for process in reversed(started):
-        process.stop()
 
 
 def finished(check_pk):
