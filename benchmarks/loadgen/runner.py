@@ -21,7 +21,7 @@ from benchmarks.loadgen.dataset import Prompt, PromptFactory, load_trace
 from benchmarks.loadgen.scrape import Scraper
 from benchmarks.loadgen.spec import LoadSpec, Stage
 from benchmarks.loadgen.stats import RequestRecord, percentile, summarize
-from benchmarks.loadgen.transport import FastTransport
+from benchmarks.loadgen.transport import FastTransport, new_event_loop_factory
 from hosts.engines import readiness
 
 ROLLING_WINDOW_S = 10.0
@@ -494,15 +494,6 @@ async def arun_with(load: LoadRun) -> Result:
     finally:
         gc.unfreeze()
         gc.collect()
-
-
-def new_event_loop_factory():
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop
-    except ImportError:  # pragma: no cover - uvicorn[standard] brings it
-        return None
 
 
 def run_in_process(spec: LoadSpec, on_progress=None) -> Result:

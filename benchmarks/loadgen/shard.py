@@ -22,10 +22,10 @@ from benchmarks.loadgen.runner import (
     LoadRun,
     Result,
     arun_with,
-    new_event_loop_factory,
 )
 from benchmarks.loadgen.spec import LoadSpec, Stage
 from benchmarks.loadgen.stats import RequestRecord, summarize
+from benchmarks.loadgen.transport import new_event_loop_factory
 
 TICK_SUMS = (
     "in_flight",

@@ -25,7 +25,12 @@ import os
 import socket
 import sys
 
-from benchmarks.loadgen.transport import CLOCK, enable_rx_stamps, recv_stamped
+from benchmarks.loadgen.transport import (
+    CLOCK,
+    enable_rx_stamps,
+    new_event_loop_factory,
+    recv_stamped,
+)
 
 MODES = ("ok", "no_usage", "malformed", "no_done", "error_500", "hang", "close", "json")
 MAX_HEAD = 64 * 1024
@@ -363,7 +368,6 @@ def main(argv=None) -> None:
         record_tokens=args.record_tokens,
         exit_after=args.exit_after,
     )
-    from benchmarks.loadgen.runner import new_event_loop_factory
 
     try:
         with asyncio.Runner(loop_factory=new_event_loop_factory()) as runner:

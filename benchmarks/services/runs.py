@@ -18,8 +18,9 @@ from django.utils import timezone
 
 from benchmarks.loadgen import __version__ as LOADGEN_VERSION
 from benchmarks.loadgen.profile import build_spec, plan, write_replay
-from benchmarks.loadgen.runner import LoadGenError, LoadRun, arun_with, new_event_loop_factory
+from benchmarks.loadgen.runner import LoadGenError, LoadRun, arun_with
 from benchmarks.loadgen.spec import LoadSpec, SpecError
+from benchmarks.loadgen.transport import new_event_loop_factory
 from benchmarks.models import BenchmarkRun, LoadProfile
 from benchmarks.services.environment import environment
 from benchmarks.services.points import PointSink

@@ -7,9 +7,13 @@ import asyncio
 import select
 import socket
 
-from benchmarks.loadgen.runner import new_event_loop_factory
 from benchmarks.loadgen.testserver import sleep_until
-from benchmarks.loadgen.transport import CLOCK, enable_rx_stamps, recv_stamped
+from benchmarks.loadgen.transport import (
+    CLOCK,
+    enable_rx_stamps,
+    new_event_loop_factory,
+    recv_stamped,
+)
 
 
 def test_sleep_until_never_wakes_before_the_deadline():
