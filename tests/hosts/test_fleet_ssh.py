@@ -35,7 +35,9 @@ def ssh_host(ssh_keys, fresh_sshd, settings, tmp_path):  # noqa: F811
         ssh_python=sys.executable,
     )
     yield host, server
-    # Engines the test left running on the "remote" side.
+    # Engines the test left running on the "remote" side. The row again: the test accepted
+    # the host key on its own copy, and without it the transport refuses to connect.
+    host.refresh_from_db()
     for deployment in host.deployments.all():
         try:
             with transports.transport_for(host) as transport:
