@@ -314,6 +314,43 @@ def test_a_rollback_asked_during_the_verification(
     assert not any(name == "compare" for name, _ in steps(change))
 
 
+def test_a_rollback_asked_before_the_apply_finds_nothing_to_restart(
+    operator, approver, deployment, host, health, bench
+):
+    def ask(change):
+        ChangeRequest.objects.filter(pk=change.pk).update(rollback_requested=True)
+
+    bench.during["baseline"] = ask
+
+    change = run(applying(operator, approver, deployment))
+
+    assert change.state == "rolled_back"
+    assert change.outcome == "a rollback was requested before the apply"
+    assert steps(change)[-1] == ("rollback", "skipped") and host.applied == []
+    assert change.applied_config is None
+
+
+def test_a_rollback_the_host_refuses_leaves_the_change_failed_and_says_so(
+    operator, approver, deployment, host, health, bench, monkeypatch
+):
+    def busy_meanwhile(deployment):
+        # Someone else's restart started between the apply and the health check.
+        EngineOperation.objects.create(
+            deployment=deployment, kind="restart", config=deployment.active_config, status="queued"
+        )
+        return "no answer"
+
+    monkeypatch.setattr(verification, "health_problem", busy_meanwhile)
+
+    change = run(applying(operator, approver, deployment))
+
+    assert change.state == "failed"
+    assert "the rollback could not start" in change.outcome
+    assert "one operation at a time" in change.outcome
+    assert steps(change)[-2:] == [("rollback", "started"), ("rollback", "failed")]
+    assert versions(host) == [128]
+
+
 # --- resume --------------------------------------------------------------------------------------
 def test_resume_after_a_worker_died_in_the_health_check(
     operator, approver, deployment, host, health, bench, monkeypatch
