@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import redis
@@ -15,6 +16,8 @@ from cryptography.fernet import Fernet
 from django.db import connection
 
 from tests.integration.processes import ROOT, Process
+
+APP_NAME = "integration-process"
 
 
 @pytest.fixture
@@ -39,6 +42,8 @@ def production_env(postgres, redis_url, tmp_path):
             "HOST_CHECK_INTERVAL_SECONDS": "0",
             "HOSTNAME": socket.gethostname(),
             "STATIC_ROOT": str(tmp_path / "static"),
+            # libpq names the processes' sessions: the end of a test waits for them to close.
+            "PGAPPNAME": APP_NAME,
         }
     )
     # What the Dockerfile does at build time.
@@ -53,7 +58,7 @@ def production_env(postgres, redis_url, tmp_path):
 
 
 @pytest.fixture
-def start(tmp_path):
+def start(request, tmp_path):
     """``start(name, cmd, env)`` runs a process (its log in tmp_path); all are stopped at the
     end of the test, the last started first."""
     started: list[Process] = []
@@ -66,6 +71,23 @@ def start(tmp_path):
     yield _start
     for process in reversed(started):
         process.stop()
+    if started and "production_env" in request.fixturenames:
+        # PostgreSQL may not have closed the stopped processes' sessions yet, and a test
+        # database still in use cannot be dropped at the end of the run.
+        deadline = time.monotonic() + 30
+        while _process_sessions() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def _process_sessions() -> int:
+    """Sessions the started processes hold on the test database."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name = %s",
+            [APP_NAME],
+        )
+        return cursor.fetchone()[0]
 
 
 @pytest.fixture
