@@ -44,7 +44,7 @@ def test_worker_applies_through_the_agent_and_beat_polls_into_postgres(
         )
         worker = start("worker", compose_command("worker"), production_env)
         worker.wait_for_output("ready.", timeout=60)
-        Celery(broker=production_env["REDIS_URL"]).send_task(
+        Celery(broker=production_env["REDIS_URL"], set_as_current=False).send_task(
             "hosts.tasks.apply_config", args=[operation.pk]
         )
 

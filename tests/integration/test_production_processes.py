@@ -34,7 +34,7 @@ def test_worker_command_runs_a_task_sent_through_redis(production_env, start, li
     worker.wait_for_output("ready.", timeout=60)
     check = HostCheck.objects.create(host=make_host(port=listener))
 
-    sender = Celery(broker=production_env["REDIS_URL"])
+    sender = Celery(broker=production_env["REDIS_URL"], set_as_current=False)
     sender.send_task("hosts.tasks.check_host", args=[check.pk])
 
     done = wait_until(lambda: finished(check.pk), 30, "the worker never finished the check")
