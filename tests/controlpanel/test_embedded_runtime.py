@@ -17,6 +17,10 @@ from tests.factories import make_host
 @pytest.fixture
 def runtime():
     assert app.conf.task_always_eager is False  # the point: not eager
+    # Earlier tests' commits queued tasks on the in-memory broker with no worker to take them;
+    # run against them, they would share SQLite's in-memory test database with this test's
+    # own task on another thread (shared-cache table locks fail at once, with no busy wait).
+    app.control.purge()
     rt = EmbeddedRuntime(app, concurrency=2, beat=False)
     rt.start()
     yield rt
