@@ -372,6 +372,26 @@ class Deployment(models.Model):
             return None
         return config.settings.get("api_key") or (config.env or {}).get("VLLM_API_KEY") or None
 
+    def launch_config(
+        self, settings: dict, env: dict | None = None, placement: dict | None = None
+    ) -> LaunchConfig:
+        """A launch of this deployment with these settings (``hosts.engines.launch``): what
+        a stored config version runs, or what a proposed change would."""
+        placement = placement or {}
+        return LaunchConfig(
+            engine=self.engine,
+            model=self.model,
+            settings=dict(settings),
+            engine_version=self.engine_version or None,
+            env=dict(env or {}),
+            placement=Placement(placement.get("numa_node"), placement.get("cpus"))
+            if placement
+            else None,
+            port=self.port,
+            runner=self.runner,
+            simulator=dict(self.simulator or {}),
+        )
+
 
 class EngineConfig(models.Model):
     """One immutable, numbered version of a deployment's engine settings.
@@ -462,21 +482,7 @@ class EngineConfig(models.Model):
 
     def launch_config(self):
         """The whole launch config of this version on its deployment (hosts.engines.launch)."""
-        deployment = self.deployment
-        placement = self.placement or {}
-        return LaunchConfig(
-            engine=deployment.engine,
-            model=deployment.model,
-            settings=dict(self.settings),
-            engine_version=deployment.engine_version or None,
-            env=dict(self.env or {}),
-            placement=Placement(placement.get("numa_node"), placement.get("cpus"))
-            if placement
-            else None,
-            port=deployment.port,
-            runner=deployment.runner,
-            simulator=dict(deployment.simulator or {}),
-        )
+        return self.deployment.launch_config(self.settings, self.env, self.placement)
 
 
 def flat_config(settings: dict, env: dict | None, placement: dict | None) -> dict:

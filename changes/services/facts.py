@@ -14,7 +14,7 @@ from changes.rules import ChangeRefused
 from controlpanel.choices import OperationStatus
 from hosts.engines import get_spec
 from hosts.engines.catalog import GPUS
-from hosts.engines.launch import LaunchConfig, LaunchError, Placement
+from hosts.engines.launch import LaunchError
 from hosts.models import Deployment, EngineConfig
 
 
@@ -22,19 +22,9 @@ def validate_proposal(deployment: Deployment, settings: dict, env: dict, placeme
     """The settings as the engine's flag spec for the deployment's version accepts them, or
     ChangeRefused naming every refused field (nothing malicious reaches a command line)."""
     try:
-        launch = LaunchConfig(
-            engine=deployment.engine,
-            model=deployment.model,
-            settings=dict(settings),
-            engine_version=deployment.engine_version or None,
-            env=dict(env or {}),
-            placement=Placement(placement.get("numa_node"), placement.get("cpus"))
-            if placement
-            else None,
-            port=deployment.port,
-            runner=deployment.runner,
-            simulator=dict(deployment.simulator or {}),
-        ).validated(gpu_count=gpu_count(deployment))
+        launch = deployment.launch_config(settings, env, placement).validated(
+            gpu_count=gpu_count(deployment)
+        )
     except LaunchError as exc:
         raise ChangeRefused(str(exc)) from None
     return {
