@@ -10,6 +10,8 @@ A new step — a quality probe, a sweep trial — is one more class listed in ``
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from django.db import transaction
 from django.urls import reverse
 
@@ -54,18 +56,20 @@ class RollbackRequested(Exception):
     the outcome to record."""
 
 
-class PipelineStage:
+class PipelineStage(ABC):
     """One step. ``stage`` is its name on the timeline; ``rollback_reason`` is the outcome
     when a rollback request is found before it runs (None: don't look before this one)."""
 
     stage: Stage
     rollback_reason: str | None = WHILE_APPLYING
 
+    @abstractmethod
     def is_done(self, change: ChangeRequest) -> bool:
-        raise NotImplementedError
+        """True when this step has nothing left to do for ``change`` (resume skips it)."""
 
+    @abstractmethod
     def run(self, change: ChangeRequest) -> None:
-        raise NotImplementedError
+        """Do the step, recording it; raise ``StageFailed`` when it cannot complete."""
 
     def record(self, change: ChangeRequest, status: StageStatus, message: str = "", **extra):
         record_stage(change, self.stage, status, message, **extra)
