@@ -528,7 +528,9 @@ def numbers_text(values: Mapping) -> str:
 
 
 def verdict_text(result: dict) -> str:
-    """A verdict within limits in one line: how much each latency and the throughput moved."""
+    """A verdict within limits in one line: how much each latency and the throughput moved,
+    and which checks could not be judged (unmeasured on a side), so "within limits" never
+    stands for "cannot tell"."""
     parts = [
         f"{check['label']} {check['change']:+.0%}"
         for check in result["checks"]
@@ -536,4 +538,8 @@ def verdict_text(result: dict) -> str:
     ]
     if result.get("throughput_change") is not None:
         parts.append(f"output tok/s {result['throughput_change']:+.0%}")
-    return "within limits: " + ", ".join(parts) if parts else "within limits"
+    text = "within limits: " + ", ".join(parts) if parts else "within limits"
+    unjudged = [check["label"] for check in result["checks"] if check["ok"] is None]
+    if unjudged:
+        text += "; not judged (not measured): " + ", ".join(unjudged)
+    return text

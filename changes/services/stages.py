@@ -74,6 +74,14 @@ class PipelineStage(ABC):
     def record(self, change: ChangeRequest, status: StageStatus, message: str = "", **extra):
         record_stage(change, self.stage, status, message, **extra)
 
+    def measure(self, change: ChangeRequest, purpose: str, *, rollback: bool) -> BenchmarkRun:
+        """Run the change's profile as this step, recording its start and its numbers."""
+        self.record(change, StageStatus.STARTED, str(change.verify_profile))
+        run = _measure(change, purpose, rollback=rollback)
+        link = verification.link(run)
+        self.record(change, StageStatus.SUCCEEDED, verification.run_numbers(run), link=link)
+        return run
+
 
 class Snapshot(PipelineStage):
     """Remember the running config: where any rollback goes. A change proposed against
@@ -121,14 +129,7 @@ class Baseline(PipelineStage):
                 link=verification.link(baseline),
             )
             return
-        self.record(change, StageStatus.STARTED, str(change.verify_profile))
-        run = _measure(change, "baseline", rollback=False)
-        self.record(
-            change,
-            StageStatus.SUCCEEDED,
-            verification.run_numbers(run),
-            link=verification.link(run),
-        )
+        self.measure(change, "baseline", rollback=False)
 
 
 class NewVersion(PipelineStage):
@@ -244,14 +245,7 @@ class Verify(PipelineStage):
         if not change.verify_profile_id:
             self.record(change, StageStatus.SKIPPED, "no verification profile chosen")
             return
-        self.record(change, StageStatus.STARTED, str(change.verify_profile))
-        run = _measure(change, "verification", rollback=True)
-        self.record(
-            change,
-            StageStatus.SUCCEEDED,
-            verification.run_numbers(run),
-            link=verification.link(run),
-        )
+        self.measure(change, "verification", rollback=True)
 
 
 class Compare(PipelineStage):

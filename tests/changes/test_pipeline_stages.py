@@ -138,6 +138,11 @@ def steps(change) -> list[tuple[str, str]]:
     return [(e.after["stage"], e.after["status"]) for e in rows]
 
 
+def ask_for_rollback(change) -> None:
+    """Someone presses "Roll back now" (from another request: only the row changes)."""
+    ChangeRequest.objects.filter(pk=change.pk).update(rollback_requested=True)
+
+
 def versions(host) -> list[int]:
     return [s["max_num_seqs"] for s in host.applied]
 
@@ -301,10 +306,7 @@ def test_a_rollback_that_fails_too_leaves_the_change_failed_and_says_so(
 def test_a_rollback_asked_during_the_verification(
     operator, approver, deployment, host, health, bench
 ):
-    def ask(change):
-        ChangeRequest.objects.filter(pk=change.pk).update(rollback_requested=True)
-
-    bench.during["verification"] = ask
+    bench.during["verification"] = ask_for_rollback
 
     change = run(applying(operator, approver, deployment))
 
@@ -317,10 +319,7 @@ def test_a_rollback_asked_during_the_verification(
 def test_a_rollback_asked_before_the_apply_finds_nothing_to_restart(
     operator, approver, deployment, host, health, bench
 ):
-    def ask(change):
-        ChangeRequest.objects.filter(pk=change.pk).update(rollback_requested=True)
-
-    bench.during["baseline"] = ask
+    bench.during["baseline"] = ask_for_rollback
 
     change = run(applying(operator, approver, deployment))
 
