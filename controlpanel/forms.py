@@ -1,10 +1,14 @@
-"""Forms of the controlpanel app: the audit log's filters."""
+"""Forms of the controlpanel app: the audit log's filters, and the form field for JSON that
+users type (``UserJSONField``)."""
 
 from __future__ import annotations
 
 from django import forms
 from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import ValidationError
+from django.forms.fields import InvalidJSONInput, JSONString
 
+from controlpanel import userjson
 from controlpanel.models import AuditEntry
 
 ANY = [("", "any")]
@@ -64,3 +68,38 @@ class AuditFilterForm(forms.Form):
         if start and end and end < start:
             self.add_error("date_to", "The end date is before the start date.")
         return data
+
+
+class UserJSONField(forms.JSONField):
+    """``forms.JSONField`` parsed by ``controlpanel.userjson``: Django's own field lets
+    through what PostgreSQL cannot store (``\\u0000``) and lets 100k-deep nesting raise
+    ``RecursionError`` (both a 500). Here both, and NaN/Infinity, are form errors that say
+    what is wrong and where. ``what`` names the field in the message ("Labels")."""
+
+    def __init__(self, *, what: str = "JSON", max_depth: int = userjson.DEFAULT_MAX_DEPTH, **kw):
+        self.what = what
+        self.max_depth = max_depth
+        super().__init__(**kw)
+
+    def to_python(self, value):
+        if self.disabled:
+            return value
+        if value in self.empty_values:
+            return None
+        if isinstance(value, list | dict | int | float | JSONString):
+            return value
+        try:
+            converted = userjson.parse(value, what=self.what, max_depth=self.max_depth)
+        except userjson.UserJSONError as exc:
+            raise ValidationError(str(exc), code="invalid") from None
+        return JSONString(converted) if isinstance(converted, str) else converted
+
+    def bound_data(self, data, initial):
+        if self.disabled:
+            return initial
+        if data is None:
+            return None
+        try:
+            return userjson.parse(data, what=self.what, max_depth=self.max_depth)
+        except userjson.UserJSONError:
+            return InvalidJSONInput(data)
