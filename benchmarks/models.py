@@ -154,6 +154,14 @@ class BenchmarkRun(BackgroundOperation):
         default=0.0, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)]
     )
     cancel_requested = models.BooleanField(default=False)
+    error_rate_limit = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="The share of failed requests above which the run stops and fails (its "
+        "profile's max_error_rate, else the panel's default), fixed when it started. Empty "
+        "for an imported run.",
+    )
     # Headline results (measured requests only: warm-up excluded).
     duration_s = models.FloatField(null=True, blank=True)
     completed = models.PositiveIntegerField(null=True, blank=True)

@@ -108,6 +108,11 @@ def _read():
         "BENCHMARK_MAX_SECONDS": env_float("BENCHMARK_MAX_SECONDS", 3 * 3600.0, minimum=10),
         "BENCHMARK_READY_TIMEOUT": env_float("BENCHMARK_READY_TIMEOUT_SECONDS", 60.0, minimum=0.5),
         "BENCHMARK_STALE_SECONDS": env_float("BENCHMARK_STALE_SECONDS", 300.0, minimum=10),
+        "BENCHMARK_MAX_ERROR_PCT": env_int(
+            "BENCHMARK_MAX_ERROR_PERCENT", 50, minimum=0, maximum=100
+        ),
+        "BENCHMARK_ERROR_WINDOW": env_int("BENCHMARK_ERROR_WINDOW_REQUESTS", 50, minimum=1),
+        "BENCHMARK_NO_SUCCESS": env_int("BENCHMARK_NO_SUCCESS_REQUESTS", 10, minimum=1),
         "CHANGE_PRODUCTION_LABEL": env_str("CHANGE_PRODUCTION_LABEL", "env=production"),
         "CHANGE_PRODUCTION_APPROVALS": env_int(
             "CHANGE_PRODUCTION_APPROVALS", 2, minimum=1, maximum=5
@@ -300,6 +305,12 @@ BENCHMARK_READY_TIMEOUT = _env["BENCHMARK_READY_TIMEOUT"]
 # A running run with no new point for this long (or a queued one past its time limit) is
 # failed by the sweep: its worker is gone and no redelivery came to close it.
 BENCHMARK_STALE_SECONDS = _env["BENCHMARK_STALE_SECONDS"]
+# A run stops and fails when more than this share of its last BENCHMARK_ERROR_WINDOW finished
+# requests failed (a profile's max_error_rate replaces the share), or when its first
+# BENCHMARK_NO_SUCCESS_REQUESTS all failed: its numbers would describe a broken engine.
+BENCHMARK_MAX_ERROR_RATE = _env["BENCHMARK_MAX_ERROR_PCT"] / 100
+BENCHMARK_ERROR_WINDOW = _env["BENCHMARK_ERROR_WINDOW"]
+BENCHMARK_NO_SUCCESS_REQUESTS = _env["BENCHMARK_NO_SUCCESS"]
 SSH_REMOTE_DIR = _env["SSH_REMOTE_DIR"]
 # Redis must not hand a still-running task to a second worker: the visibility timeout outlasts
 # the longest task's hard limit (controlpanel/timelimits.py holds every task's limits).

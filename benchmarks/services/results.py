@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from django.conf import settings
 from django.db import transaction
 
 from benchmarks import records as request_records
@@ -12,6 +13,7 @@ from benchmarks.cost import cost_per_million
 from benchmarks.metrics import RECORDED
 from benchmarks.models import BenchmarkRun, RunPoint, RunRequestLog
 from benchmarks.services.prices import hourly_price_for
+from controlpanel.choices import OperationStatus
 
 # Result-document keys that are not part of the summary.
 NOT_SUMMARY = {
@@ -23,6 +25,7 @@ NOT_SUMMARY = {
     "records",
     "cancelled",
     "stopped_early",
+    "engine_failure",
     "panel",
 }
 
@@ -115,3 +118,46 @@ def _unique_t(points: list[dict]):
             continue
         seen.add(t)
         yield point
+
+
+# --- whether a run measured a working engine ----------------------------------------------------
+def profile_error_rate_limit(profile) -> float:
+    """The share of failed requests above which a run of ``profile`` stops and fails: the
+    profile's own ``max_error_rate``, else the panel's BENCHMARK_MAX_ERROR_RATE."""
+    limit = number((profile.spec or {}).get("max_error_rate")) if profile is not None else None
+    return settings.BENCHMARK_MAX_ERROR_RATE if limit is None else limit
+
+
+def error_rate_limit(run: BenchmarkRun) -> float:
+    """The limit that applies to ``run``: the one fixed when it started (a later edit of the
+    default does not re-judge it), or for an imported run its profile's or the default."""
+    if run.error_rate_limit is not None:
+        return run.error_rate_limit
+    return profile_error_rate_limit(run.load_profile)
+
+
+def error_rate_problem(run: BenchmarkRun) -> str | None:
+    """What is wrong with ``run``'s error rate (above its limit), or None when it is within
+    it. A run without a measured request has nothing to judge: that is a problem too."""
+    if run.error_rate is None or not (run.completed or run.failed):
+        return f"{run.numbered_name} measured no request"
+    limit = error_rate_limit(run)
+    if run.error_rate > limit:
+        return (
+            f"{run.numbered_name} failed {run.error_rate:.1%} of its requests "
+            f"({run.failed} of {run.completed + run.failed}), above its limit of {limit:.0%}"
+        )
+    return None
+
+
+def error_threshold_problem(run: BenchmarkRun | None) -> str | None:
+    """Why ``run`` must not be used for a verdict (as a baseline or a verification), or None
+    when it may: the one rule for it. A run that did not succeed (failed, stopped because the
+    engine failed, cancelled, still running), or whose error rate is above its limit (an
+    imported run, or one judged before this rule), measured no working engine."""
+    if run is None:
+        return "there is no run"
+    if run.status != OperationStatus.SUCCEEDED:
+        why = f": {run.error}" if run.error else ""
+        return f"{run.numbered_name} is {run.get_status_display().lower()}{why}"
+    return error_rate_problem(run)
