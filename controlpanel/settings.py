@@ -105,6 +105,8 @@ def _read():
         "TRANSPORT_TIMEOUT": env_float("TRANSPORT_TIMEOUT_SECONDS", 5.0, minimum=0.1),
         "ENGINE_READY_TIMEOUT": env_float("ENGINE_READY_TIMEOUT_SECONDS", 600.0, minimum=1),
         "SSH_REMOTE_DIR": env_str("SSH_REMOTE_DIR", "~/.llm-panel"),
+        "SSH_KEY_DIR": env_str("SSH_KEY_DIR", str(var_dir / "ssh-keys")),
+        "AGENT_ALLOW_CLEARTEXT": env_bool("AGENT_ALLOW_CLEARTEXT", False),
         "BENCHMARK_MAX_SECONDS": env_float("BENCHMARK_MAX_SECONDS", 3 * 3600.0, minimum=10),
         "BENCHMARK_READY_TIMEOUT": env_float("BENCHMARK_READY_TIMEOUT_SECONDS", 60.0, minimum=0.5),
         "BENCHMARK_STALE_SECONDS": env_float("BENCHMARK_STALE_SECONDS", 300.0, minimum=10),
@@ -312,6 +314,10 @@ BENCHMARK_MAX_ERROR_RATE = _env["BENCHMARK_MAX_ERROR_PCT"] / 100
 BENCHMARK_ERROR_WINDOW = _env["BENCHMARK_ERROR_WINDOW"]
 BENCHMARK_NO_SUCCESS_REQUESTS = _env["BENCHMARK_NO_SUCCESS"]
 SSH_REMOTE_DIR = _env["SSH_REMOTE_DIR"]
+# ssh_private_key=file:NAME reads keys from this directory only (empty: no key files).
+SSH_KEY_DIR = _env["SSH_KEY_DIR"]
+# Plain-HTTP agents on other machines (token and settings readable on the wire): off.
+AGENT_ALLOW_CLEARTEXT = _env["AGENT_ALLOW_CLEARTEXT"]
 # Redis must not hand a still-running task to a second worker: the visibility timeout outlasts
 # the longest task's hard limit (controlpanel/timelimits.py holds every task's limits).
 CELERY_BROKER_TRANSPORT_OPTIONS = {
