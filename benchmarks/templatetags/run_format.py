@@ -1,35 +1,83 @@
-"""Number formats of the benchmark pages."""
+"""Number formats of the benchmark pages.
+
+Every filter here is total: a result field may be missing from a run (an SGLang engine has no
+prefix-cache counters, an imported file leaves columns empty, a failed run has none), and a
+missing key in a template reaches a filter as ``''``. None, ``''``, NaN, infinities and
+anything that is not a number show as "—" instead of raising (a 500 on the run page).
+"""
 
 from __future__ import annotations
 
 import math
+from decimal import Decimal
 
 from django import template
-from django.template.defaultfilters import floatformat
 from django.utils.html import format_html
 
 from benchmarks.metrics import CURRENCY, Metric
 
 register = template.Library()
 
+DASH = "—"
+
+
+def number(value) -> float | None:
+    """``value`` as a finite float, or None when it is missing or not a number (booleans
+    are not numbers here: ``True`` is no latency)."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int | float | Decimal):
+        result = float(value)
+    elif isinstance(value, str):
+        try:
+            result = float(value.strip())
+        except ValueError:
+            return None
+    else:
+        return None
+    return result if math.isfinite(result) else None
+
+
+def _digits(digits, default: int) -> int:
+    try:
+        return max(0, min(int(digits), 10))
+    except (TypeError, ValueError):
+        return default
+
 
 @register.filter
 def pct(value, digits: int = 1) -> str:
     """A fraction as a percentage (0.0123 → '1.2 %'); '—' when unknown."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    return f"{float(value) * 100:.{int(digits)}f} %"
+    x = number(value)
+    return DASH if x is None else f"{x * 100:.{_digits(digits, 1)}f} %"
 
 
 @register.filter
 def num(value, digits: int = 0) -> str:
     """A number with thousands separators and ``digits`` decimals; '—' when unknown."""
-    if value is None or value == "" or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    try:
-        return f"{float(value):,.{int(digits)}f}"
-    except (TypeError, ValueError):
-        return str(value)
+    x = number(value)
+    return DASH if x is None else f"{x:,.{_digits(digits, 0)}f}"
+
+
+@register.filter
+def ms(value, digits: int = 0) -> str:
+    """A latency in milliseconds with its unit ('412 ms'); '—' when unknown."""
+    x = number(value)
+    return DASH if x is None else f"{x:,.{_digits(digits, 0)}f} ms"
+
+
+@register.filter
+def total(value, other) -> str:
+    """The sum of two counts ('failed of completed + failed'); '—' when either is unknown."""
+    a, b = number(value), number(other)
+    return DASH if a is None or b is None else f"{a + b:,.0f}"
+
+
+@register.filter
+def money(value, currency: str = "") -> str:
+    """An amount with its currency and three decimals; '—' when unknown."""
+    x = number(value)
+    return DASH if x is None else f"{x:,.3f} {currency or ''}".rstrip()
 
 
 @register.simple_tag
@@ -37,15 +85,16 @@ def metric_cell(run, metric: Metric) -> str:
     """The history table's cell of ``metric`` for ``run``: a share as a percentage (a
     non-zero error rate marked), money with its currency, other numbers with the metric's
     decimals."""
-    value = getattr(run, metric.key)
+    value = getattr(run, metric.key, None)
     classes = "num"
-    if metric.flag_nonzero and value:
+    if metric.flag_nonzero and number(value):
         classes += " error"
     if metric.percent:
         text = pct(value)
     elif metric.unit == CURRENCY:
         classes += " nowrap"
-        text = "—" if value is None else f"{floatformat(value, metric.digits)} {run.currency}"
+        x = number(value)
+        text = DASH if x is None else f"{x:,.{metric.digits}f} {run.currency}".rstrip()
     else:
         text = num(value, metric.digits)
     return format_html('<td class="{}">{}</td>', classes, text)
