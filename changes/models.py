@@ -223,6 +223,7 @@ class ChangeRequest(models.Model):
             ("approve_changerequest", "Can approve or reject others' changes"),
             ("apply_changerequest", "Can apply, rebase, roll back and resume changes"),
             ("override_changerequest", "Can submit or withdraw others' changes"),
+            ("load_code_changerequest", "Can propose or approve flags that load code"),
         ]
         constraints = [
             # The deployment's lock: one change applying or verifying at a time.
