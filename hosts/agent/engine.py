@@ -1,6 +1,11 @@
 """An engine as the agent keeps it: its stored config, current process, state and output (a
 bounded log across its runs, plus the agent's own notes in it), the operations that change it,
-and the errors the agent answers requests with."""
+and the errors the agent answers requests with.
+
+States: ``stopped``, ``starting``, ``ready``, ``failed``, and ``conflict``: the engine cannot be
+trusted to be what the agent recorded (its port is held by another process, or the process it
+left running now runs a command the agent would not launch) — reported, never killed blindly.
+"""
 
 from __future__ import annotations
 
@@ -120,6 +125,15 @@ class Engine:
         self.operation: Operation | None = None
         self.worker: threading.Thread | None = None
         self.cancel = threading.Event()
+        # The apply or restart under way, as persisted: a killed agent leaves it behind and
+        # the next one resolves it (``Supervisor._recover``).
+        self.pending: dict | None = None
+        # What the agent found at start-up and did about it: {"at", "message"}.
+        self.recovery: dict | None = None
+        # An operation that died with a previous agent: {"operation", "kind", "started_at",
+        # "found_at", "outcome"}; kept until the next operation on the engine begins, so the
+        # panel can close its own record of it.
+        self.interrupted: dict | None = None
 
     @property
     def pid(self) -> int | None:
@@ -128,6 +142,12 @@ class Engine:
 
     def running(self) -> bool:
         return self.run is not None and self.run.alive()
+
+    def recovered(self, message: str) -> None:
+        """Record what the agent found at start-up and did about it (status and log)."""
+        self.recovery = {"at": time.time(), "message": message}
+        self.note(message)
+        log.warning("engine %s: %s", self.name, message)
 
     def note(self, message: str) -> None:
         """A line of the agent's own in the engine's log, told apart by its prefix."""
@@ -153,6 +173,8 @@ class Engine:
                 "last_lines": list(lines),
                 "config": self.config.to_dict() if self.config is not None else None,
                 "operation": self.operation.id if self.operation else None,
+                "recovery": dict(self.recovery) if self.recovery else None,
+                "interrupted": dict(self.interrupted) if self.interrupted else None,
             }
 
 

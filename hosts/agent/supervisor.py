@@ -5,14 +5,30 @@ Applies and restarts run in a background thread each, one at a time per engine, 
 followed through an ``Operation``; how they replace a process (readiness, roll-back) is
 ``lifecycle.py``, the processes themselves ``process.py``, an engine's state ``engine.py``.
 
-Configs are persisted as JSON in the state directory so a restarted agent still knows its
-engines (they stay stopped until the panel restarts them). The pid of a running engine is
-persisted too: if the agent died without stopping it, the next agent stops that orphan before
-it could hold the port or GPU memory against a new start.
+Each engine is persisted as JSON in the state directory (owner-only): its config, the
+process it runs (pid, start time, command line, the digest of what was launched, the config
+it runs) and the apply or restart under way. An agent that dies without stopping its engines
+(killed, crashed, upgraded) leaves them running, and the next agent *recovers* each one
+(``_recover``) instead of stopping what it cannot see:
+
+- the recorded process is alive (same pid, start time and command line) and runs what the
+  agent would launch now for its config: adopted — supervised again (readiness checked,
+  output followed, stop and restart work);
+- it is alive but runs something the agent would not launch now, or the engine's port is held
+  by another process: ``conflict``, with the reason; nothing is killed;
+- it is gone: ``stopped``, with the reason. Not started again: what runs on the GPUs is the
+  panel's decision, and an engine that died while nobody watched may die again.
+
+An apply or restart the killed agent had not finished is resolved to the state before it
+began: an apply's new config that was never confirmed ready is stopped and the last good
+config started again if it ran before (a ``recover`` operation); a restart's process is
+adopted when it is alive. What happened is kept as the engine's ``recovery`` and
+``interrupted`` records, which the status and telemetry report.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -20,13 +36,13 @@ import os
 import secrets
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
-
 from hosts.agent.engine import (
     STATUS_LINES,
+    AgentError,
     BadRequest,
     Conflict,
     Engine,
@@ -36,9 +52,17 @@ from hosts.agent.engine import (
     gpu_count,
     visible_devices,
 )
-from hosts.agent.lifecycle import Lifecycle
+from hosts.agent.lifecycle import ADOPT_READY_TIMEOUT_S, Lifecycle
 from hosts.agent.policy import ENGINE_NAME, ExecPolicy, ExecRefused, check_config_env
-from hosts.agent.process import STOP_GRACE_S, Prepared, process_tree, stop_group
+from hosts.agent.process import (
+    STOP_GRACE_S,
+    Prepared,
+    Run,
+    holder_text,
+    identify,
+    port_listeners,
+    process_tree,
+)
 from hosts.engines.launch import LaunchConfig, LaunchError, render_process
 
 log = logging.getLogger("hosts.agent.supervisor")
@@ -67,7 +91,9 @@ class Supervisor:
         self.python = python
         self.reserved_ports = set(reserved_ports)
         self.stop_grace_s = stop_grace_s
-        self.lifecycle = Lifecycle(self._persist, self.prepare, stop_grace_s)
+        self.lifecycle = Lifecycle(
+            self._persist, self.prepare, stop_grace_s, output_dir=self.engines_dir
+        )
         # GPUs of this host, for the tensor-parallel checks of real engines (the simulator
         # runner checks against its own simulator["num_gpus"]); None when unknown.
         self.gpu_count: Callable[[], int | None] = lambda: None
@@ -83,13 +109,15 @@ class Supervisor:
         return self.engines_dir / f"{name}.json"
 
     def _persist(self, engine: Engine) -> None:
+        """Called with ``engine.lock`` held (or before anyone else can see the engine)."""
         run = engine.run
-        alive = run is not None and run.alive()
         data = {
             "name": engine.name,
             "config": engine.config.to_dict() if engine.config is not None else None,
-            "pid": run.pid if alive else None,
-            "pid_create_time": run.create_time if alive else None,
+            "state": engine.state,
+            "run": _run_record(engine, run) if run is not None and run.alive() else None,
+            "pending": engine.pending,
+            "interrupted": engine.interrupted,
         }
         path = self._path(engine.name)
         tmp = path.with_suffix(".tmp")
@@ -97,9 +125,14 @@ class Supervisor:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
             json.dump(data, fh, indent=2)
+            fh.flush()
+            # On disk before the call returns: a record lost with a crash is an engine
+            # that the next agent cannot find.
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
 
     def _load(self) -> None:
+        recoveries = []
         for path in sorted(self.engines_dir.glob("*.json")):
             name = path.stem
             if not ENGINE_NAME.fullmatch(name):
@@ -111,24 +144,182 @@ class Supervisor:
                 log.warning("ignoring the stored state of engine %s: %s", name, exc)
                 continue
             engine = Engine(name, config)
+            engine.interrupted = data.get("interrupted")
             self.engines[name] = engine
-            self._stop_orphan(engine, data.get("pid"), data.get("pid_create_time"))
-            log.info("engine %s: stored config loaded (stopped)", name)
+            try:
+                work = self._recover(engine, data)
+            except Exception as exc:  # noqa: BLE001 - one bad record must not stop the agent
+                log.exception("engine %s: recovery failed", name)
+                engine.state, engine.error = "failed", f"the agent could not recover it: {exc}"
+                work = None
+            with engine.lock:
+                self._persist(engine)
+            if work is not None:
+                recoveries.append((engine, *work))
+            log.info("engine %s: stored state loaded (%s)", name, engine.state)
+        # Started once every engine is known (a recovery checks ports against the others).
+        for engine, kind, job, prepared, timeout in recoveries:
+            with self.lock:
+                op = self._begin(engine, kind)
+            self._spawn(engine, op, job, prepared, timeout)
 
-    def _stop_orphan(self, engine: Engine, pid, create_time) -> None:
-        if not pid or create_time is None:
-            return
-        try:
-            proc = psutil.Process(int(pid))
-            same = abs(proc.create_time() - float(create_time)) < 1.0
-        except (psutil.Error, ValueError, TypeError):
-            return
-        if not same:
-            return  # the pid was reused by an unrelated process
-        log.warning("engine %s: stopping pid %s left running by a previous agent", engine.name, pid)
-        engine.note(f"stopping pid {pid} left running by a previous agent")
-        stop_group(int(pid), self.stop_grace_s)
-        self._persist(engine)
+    # -- recovery after a restart of the agent ---------------------------------------------
+
+    def _recover(self, engine: Engine, data: dict):
+        """Decide what the engine is now from what a previous agent recorded and what runs;
+        returns the operation that finishes the job — (kind, work, prepared, timeout) — or
+        None when the state is settled already. See the module docstring for the rules."""
+        record = data.get("run") or None
+        pending = data.get("pending") or None
+        proc, gone_why = identify(record)
+        recorded_config = _config(record.get("config")) if record else None
+        if pending:
+            timeout = float(pending.get("ready_timeout_s") or DEFAULT_READY_TIMEOUT_S)
+            engine.interrupted = {
+                "operation": pending.get("operation"),
+                "kind": pending.get("kind"),
+                "started_at": pending.get("started_at"),
+                "found_at": time.time(),
+                "outcome": "",
+            }
+            what = f"{pending.get('kind')} {pending.get('operation')}"
+            previous = _config(pending.get("previous"))
+            if pending.get("kind") == "apply":
+                # The last good config: the new one was never confirmed ready.
+                engine.config = previous or engine.config
+            unconfirmed = (
+                pending.get("kind") == "apply"
+                and record is not None
+                and record.get("config") == pending.get("config")
+            )
+            if proc is not None and unconfirmed:
+                self._adopt(engine, proc, record, recorded_config, quiet=True)
+                start = previous if pending.get("previous_running") else None
+                engine.recovered(
+                    f"the agent was restarted during {what}: its new config (pid {proc.pid}) "
+                    "was never confirmed ready; going back to "
+                    + ("the previous config" if start else "the state before it (stopped)")
+                )
+                return self._recovery_work(engine, start, timeout)
+            if proc is None:
+                holder = self._port_conflict(engine)
+                if holder:
+                    engine.recovered(
+                        f"the agent was restarted during {what}; {holder}, not the engine's "
+                        "process: nothing started"
+                    )
+                    engine.state, engine.error = "conflict", holder
+                    engine.interrupted["outcome"] = f"conflict: {holder}"
+                    return None
+                start = (previous or engine.config) if pending.get("previous_running") else None
+                if start is None:
+                    engine.recovered(
+                        f"the agent was restarted during {what}; the engine did not run "
+                        "before it: left stopped"
+                    )
+                    engine.interrupted["outcome"] = "stopped, as before the operation"
+                    return None
+                engine.recovered(
+                    f"the agent was restarted during {what} and nothing runs now; starting "
+                    "the config that ran before it again"
+                )
+                return self._recovery_work(engine, start, timeout)
+            # A live process of ours for the last good config: the state before the
+            # operation, or the restart's own process. Adopted below.
+            engine.recovered(
+                f"the agent was restarted during {what}; pid {proc.pid} runs the "
+                "last good config: adopting it"
+            )
+        if proc is not None:
+            timeout = float((pending or {}).get("ready_timeout_s") or ADOPT_READY_TIMEOUT_S)
+            return self._adopt(engine, proc, record, recorded_config, timeout=timeout)
+        holder = self._port_conflict(engine)
+        if holder:
+            engine.state, engine.error = "conflict", holder
+            engine.recovered(f"{holder}, not the recorded engine: left alone")
+            return None
+        engine.state = "stopped"
+        if record is not None:
+            engine.recovered(
+                f"the engine recorded as running is gone ({gone_why}): it exited while no "
+                "agent watched it, or the host restarted; not started again"
+            )
+        return None
+
+    def _adopt(
+        self,
+        engine: Engine,
+        proc,
+        record: dict,
+        config: LaunchConfig | None,
+        *,
+        quiet: bool = False,
+        timeout: float = ADOPT_READY_TIMEOUT_S,
+    ):
+        """Supervise a process a previous agent started: ready once it answers (an adopt
+        operation), or a conflict when it runs what this agent would not launch now."""
+        prepared, mismatch = None, ""
+        if config is None:
+            mismatch = "its recorded config cannot be read"
+        else:
+            try:
+                prepared = self.prepare(engine.name, config.to_dict())
+            except AgentError as exc:
+                mismatch = f"this agent would not launch its config now: {exc}"
+            else:
+                if prepared.digest != record.get("digest"):
+                    mismatch = "it was launched with another command or environment than "
+                    mismatch += "this agent would use for its config now"
+        if prepared is None:
+            argv = list(record.get("cmdline") or [])
+            prepared = Prepared(config or engine.config, argv, {})
+        engine.run = Run.adopt(
+            engine.name,
+            prepared,
+            proc,
+            engine.log,
+            self.lifecycle._on_exit(engine),
+            self.lifecycle.output(engine.name),
+            started_at=record.get("started_at"),
+            digest=record.get("digest"),
+        )
+        engine.started_at = engine.run.started_at
+        engine.ready_at = record.get("ready_at")
+        if quiet:
+            return None
+        if mismatch:
+            engine.state = "conflict"
+            engine.error = (
+                f"pid {proc.pid}, left running by a previous agent, is not adopted: {mismatch}; "
+                "stop or restart the engine"
+            )
+            engine.recovered(engine.error)
+            return None
+        engine.config = config
+        engine.state = "starting"
+        if engine.recovery is None:
+            engine.recovered(f"adopting pid {proc.pid}, left running by a previous agent")
+        return ("adopt", self._adopt_work, prepared, timeout)
+
+    def _adopt_work(self, engine: Engine, op: Operation, prepared: Prepared, timeout: float):
+        self.lifecycle.adopt(engine, op, timeout)
+
+    def _recovery_work(self, engine: Engine, start: LaunchConfig | None, timeout: float):
+        prepared = None
+        if start is not None:
+            try:
+                prepared = self.prepare(engine.name, start.to_dict())
+            except AgentError as exc:
+                engine.recovered(f"the config to go back to cannot run any more: {exc}")
+        work = functools.partial(_recover_work, self.lifecycle)
+        return ("recover", work, prepared, timeout)
+
+    def _port_conflict(self, engine: Engine) -> str:
+        """ "port P is held by pid N (…)" when a process listens on the engine's port."""
+        if engine.config is None:
+            return ""
+        holders = port_listeners(engine.config.port)
+        return holder_text(engine.config.port, holders) if holders else ""
 
     # -- checks ---------------------------------------------------------------------------
 
@@ -204,6 +395,7 @@ class Supervisor:
             # previous one goes to the worker for the roll-back.
             with engine.lock:
                 previous, engine.config = engine.config, prepared.config
+                engine.pending = _pending(op, engine, prepared.config, previous, timeout)
         work = functools.partial(self.lifecycle.apply, previous=previous)
         self._spawn(engine, op, work, prepared, timeout)
         return op
@@ -214,6 +406,9 @@ class Supervisor:
         prepared = self.prepare(name, engine.config.to_dict())
         with self.lock:
             op = self._begin(engine, "restart")
+            with engine.lock:
+                engine.pending = _pending(op, engine, engine.config, engine.config, timeout)
+                self._persist(engine)
         self._spawn(engine, op, self.lifecycle.restart, prepared, timeout)
         return op
 
@@ -240,6 +435,9 @@ class Supervisor:
         op.release = lambda: self._release(engine, op)
         engine.operation = op
         engine.cancel.clear()
+        if kind in ("apply", "restart"):
+            # A new operation: whatever a previous agent left unfinished is history now.
+            engine.interrupted = None
         self.operations[op.id] = op
         if len(self.operations) > KEPT_OPERATIONS:
             for old_id in [k for k, o in self.operations.items() if o.finished_at][
@@ -253,6 +451,10 @@ class Supervisor:
             work(engine, op, prepared, timeout)
         except Exception as exc:  # noqa: BLE001 - the operation must end with a state, always
             log.exception("operation %s crashed", op.id)
+            with engine.lock:
+                engine.pending = None
+                with contextlib.suppress(OSError):
+                    self._persist(engine)
             op.finish("failed", f"the agent failed: {exc}", list(engine.log)[-STATUS_LINES:])
         finally:
             self._release(engine, op)
@@ -309,6 +511,10 @@ class Supervisor:
             pid = engine.pid
             out[engine.name] = {
                 "state": engine.state,
+                "error": engine.error,
+                "operation": engine.operation.id if engine.operation else None,
+                "recovery": dict(engine.recovery) if engine.recovery else None,
+                "interrupted": dict(engine.interrupted) if engine.interrupted else None,
                 "pid": pid,
                 # The engine's workers hold the GPUs (vLLM's EngineCore, TP workers): the
                 # panel matches these against each GPU's processes to see which GPUs it uses.
@@ -341,3 +547,41 @@ class Supervisor:
                 }
             )
         return found
+
+
+def _config(data) -> LaunchConfig | None:
+    try:
+        return LaunchConfig.from_dict(data) if data else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _run_record(engine: Engine, run: Run) -> dict:
+    """What identifies the process later: pid, start time (a reused pid has another) and
+    command line; and what it runs: its config and the digest of its argv and environment."""
+    return {
+        "pid": run.pid,
+        "create_time": run.create_time,
+        "cmdline": list(run.cmdline),
+        "digest": run.digest,
+        "config": run.prepared.config.to_dict(),
+        "port": run.prepared.config.port,
+        "started_at": run.started_at,
+        "ready_at": engine.ready_at,
+    }
+
+
+def _pending(op: Operation, engine: Engine, config, previous, timeout: float) -> dict:
+    return {
+        "operation": op.id,
+        "kind": op.kind,
+        "started_at": op.started_at,
+        "ready_timeout_s": timeout,
+        "config": config.to_dict() if config is not None else None,
+        "previous": previous.to_dict() if previous is not None else None,
+        "previous_running": engine.running(),
+    }
+
+
+def _recover_work(lifecycle: Lifecycle, engine, op, prepared, timeout) -> None:
+    lifecycle.recover(engine, op, prepared, timeout)

@@ -253,18 +253,5 @@ def test_stop_during_an_apply_cancels_it(sim_agent):
         assert client.get("/v1/engines/eng").json()["state"] == "stopped"
 
 
-def test_a_new_agent_stops_the_engine_a_killed_agent_left_behind(start_agent):
-    first = start_agent("--simulate", "h100-sxm:1")
-    with first.client() as client:
-        assert apply_and_wait(client, "orphan", sim_config(free_port()))["state"] == "ready"
-        pid = client.get("/v1/engines/orphan").json()["pid"]
-    try:
-        first.proc.kill()  # no chance to stop its engines
-        first.proc.wait(10)
-        assert not gone(pid)
-        again = start_agent("--simulate", "h100-sxm:1", "--state-dir", str(first.state_dir))
-        assert gone(pid)
-        assert "left running by a previous agent" in again.log()
-    finally:
-        if not gone(pid):
-            os.killpg(pid, signal.SIGKILL)
+# What a new agent does with the engines a killed agent left running (adopts them, no longer
+# stops them): tests/hosts/agent/test_adoption.py.
