@@ -188,8 +188,25 @@ def no_speed_effect(p: Proposal, flag: Flag) -> Iterator[Warning]:
         )
 
 
+def loads_code(p: Proposal) -> Iterator[Warning]:
+    """A flag that makes the engine run code from outside the panel (``Flag.loads_code``):
+    listed first, since it changes what runs on the GPU server, not how fast."""
+    for dest in sorted(p.diff):
+        flag = p.spec.by_dest.get(dest)
+        if flag is not None and flag.loads_code_with(p.proposed.get(dest)):
+            yield Warning(
+                "loads_code",
+                f"{flag.option} makes the engine load and run code from outside the panel "
+                "(the model repository's Python, with the engine's access to the GPU server "
+                "and its credentials). Only an Admin may propose or approve it, and an agent "
+                "refuses it unless it was started with --allow-code-loading. Check where the "
+                "model comes from before approving.",
+            )
+
+
 # The rules, in the order their warnings are listed.
 RULES: tuple[Callable[[Proposal], Iterable[Warning]], ...] = (
+    loads_code,
     several_settings,
     no_change,
     memory_headroom,

@@ -18,6 +18,7 @@ from hosts.models import Deployment, Host
 
 ANY = [("", "any")]
 FLAG_PREFIX = "flag_"
+REMOVE_PREFIX = "remove_"  # the box that unsets a secret flag (its field shows no value)
 DATETIME_LOCAL = forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M")
 
 
@@ -123,6 +124,16 @@ def flag_field(flag: Flag) -> forms.Field:
         return field
     if flag.nargs:
         common["help_text"] += " Several values: separate them with spaces."
+    if flag.secret:
+        # A credential is never sent back to a browser: the field starts empty, and empty
+        # keeps the running value (the "remove" box beside it unsets it).
+        common["help_text"] = f"{flag.help} A secret: never shown. Empty keeps the running value."
+        return forms.CharField(
+            max_length=500,
+            strip=True,
+            widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}),
+            **common,
+        )
     return forms.CharField(max_length=500, strip=True, **common)
 
 
@@ -194,8 +205,15 @@ class ProposeForm(forms.Form):
         for dest, flag in self.flags.items():
             name = FLAG_PREFIX + dest
             self.fields[name] = flag_field(flag)
-            self.fields[name].initial = _initial(flag, self.running.get(dest))
             self.fields[name].flag = flag
+            if not flag.secret:
+                self.fields[name].initial = _initial(flag, self.running.get(dest))
+                continue
+            if self.running.get(dest) is not None:
+                self.fields[name].widget.attrs["placeholder"] = "••• (set: empty keeps it)"
+            self.fields[REMOVE_PREFIX + dest] = forms.BooleanField(
+                required=False, label=f"Remove {flag.option}"
+            )
         self.fields["verify_profile"].queryset = LoadProfile.objects.latest().order_by("name")
         self.fields["baseline_run"].queryset = (
             BenchmarkRun.objects.filter(
@@ -214,7 +232,14 @@ class ProposeForm(forms.Form):
         return [self[FLAG_PREFIX + d] for d, f in self.flags.items() if f.performance]
 
     def other_fields(self):
-        return [self[FLAG_PREFIX + d] for d, f in self.flags.items() if not f.performance]
+        fields = []
+        for dest, flag in self.flags.items():
+            if flag.performance:
+                continue
+            fields.append(self[FLAG_PREFIX + dest])
+            if flag.secret:
+                fields.append(self[REMOVE_PREFIX + dest])
+        return fields
 
     def flag_errors(self) -> list[str]:
         """Errors of the flag fields and the profile (what a preview needs), named by flag."""
@@ -240,6 +265,10 @@ class ProposeForm(forms.Form):
         out = {}
         for dest, flag in self.flags.items():
             value = self.cleaned_data.get(FLAG_PREFIX + dest)
+            if flag.secret and value in (None, ""):
+                # Not shown, so not retyped: empty keeps the running secret unless removed.
+                if not self.cleaned_data.get(REMOVE_PREFIX + dest):
+                    value = self.running.get(dest)
             if value in (None, ""):
                 continue
             if flag.type == "bool":

@@ -19,6 +19,7 @@ from django.db.models import Q
 
 from changes.choices import ChangeState
 from changes.models import ChangeRequest
+from changes.services.facts import shown_diff
 from changes.services.timeline import record
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,7 @@ HEADLINES = {
     S.APPROVED: "was approved",
     S.REJECTED: "was rejected",
     S.APPLIED: "was applied",
+    S.UNVERIFIED: "was applied but NOT verified",
     S.ROLLED_BACK: "was rolled back",
     S.FAILED: "failed",
 }
@@ -61,7 +63,8 @@ def message(change: ChangeRequest, state: ChangeState) -> tuple[str, str]:
         f"Title: {change.title}",
         f"Proposed by: {change.proposed_by or 'unknown'}",
     ]
-    diff = change.diff() if change.base_config_id or change.settings else {}
+    # Mail and chat leave the panel: secret values (api_key, HF_TOKEN) are masked.
+    diff = shown_diff(change.diff()) if change.base_config_id or change.settings else {}
     if diff:
         lines.append("Settings:")
         lines += [f"  {flag}: {old} → {new}" for flag, (old, new) in diff.items()]

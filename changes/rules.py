@@ -11,7 +11,10 @@ failure is ``PermissionDenied``, a 403) and a *when* rule (the change's state: a
 - ``changes.apply_changerequest``: apply approved changes, rebase, roll back or resume a change
   being applied (Operators and up);
 - ``changes.override_changerequest``: act as the proposer on someone else's change: submit,
-  withdraw (Admins).
+  withdraw (Admins);
+- ``changes.load_code_changerequest``: propose or approve a change that turns on a flag that
+  makes the engine load code (``trust_remote_code``: the model repository's Python runs on
+  the GPU server) (Admins).
 
 The services check again under the change's row lock what a page may have shown stale, plus
 what needs other rows (the deployment's lock, its maintenance window, a running benchmark).
@@ -26,6 +29,7 @@ from django.core.exceptions import PermissionDenied
 from django.utils import timezone
 
 from changes.choices import ChangeState
+from hosts.engines import get_spec
 
 S = ChangeState
 
@@ -33,6 +37,7 @@ PROPOSE = "changes.add_changerequest"
 APPROVE = "changes.approve_changerequest"
 APPLY = "changes.apply_changerequest"
 OVERRIDE = "changes.override_changerequest"
+LOAD_CODE = "changes.load_code_changerequest"
 
 
 class ChangeRefused(Exception):
@@ -78,6 +83,41 @@ def _may_review(user, change) -> str | None:
     if _is_proposer(user, change):
         return f"You proposed change #{change.pk}: someone else must review it (four-eyes rule)."
     return None
+
+
+def code_loading_flags(engine: str, diff: dict) -> list[str]:
+    """The options a diff (``{dest: (running, proposed)}``) turns on that make the engine load
+    code (``Flag.loads_code``); turning one off needs no one special."""
+    spec = get_spec(engine)
+    return [
+        spec.by_dest[dest].option
+        for dest, (_, new) in diff.items()
+        if dest in spec.by_dest and spec.by_dest[dest].loads_code_with(new)
+    ]
+
+
+def code_loading_problem(user, engine: str, diff: dict) -> str | None:
+    """Why ``user`` may not propose or approve ``diff`` (it turns on code loading), or None."""
+    flags = code_loading_flags(engine, diff)
+    if not flags or (user is not None and user.has_perm(LOAD_CODE)):
+        return None
+    return (
+        f"{', '.join(flags)} makes the engine run code from outside the panel (the model "
+        "repository's Python): only an Admin may propose or approve it."
+    )
+
+
+def require_code_loading(user, engine: str, diff: dict) -> None:
+    """PermissionDenied when ``user`` may not propose ``diff`` (see code_loading_problem)."""
+    problem = code_loading_problem(user, engine, diff)
+    if problem:
+        raise PermissionDenied(problem)
+
+
+def _may_approve(user, change) -> str | None:
+    return _may_review(user, change) or code_loading_problem(
+        user, change.deployment.engine, change.diff()
+    )
 
 
 def _may_rebase(user, change) -> str | None:
@@ -158,7 +198,7 @@ class Rule:
 RULES: dict[str, Rule] = {
     "comment": Rule(_may_comment, _always),
     "submit": Rule(_proposer_or_override("submit"), _submittable),
-    "approve": Rule(_may_review, _reviewable),
+    "approve": Rule(_may_approve, _reviewable),
     "reject": Rule(_may_review, _reviewable),
     "withdraw": Rule(_proposer_or_override("withdraw"), _withdrawable),
     "rebase": Rule(_may_rebase, _rebasable),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -18,6 +19,7 @@ from changes.forms import ChangeFilterForm, CommentForm, ProposeForm, RollbackFo
 from changes.models import ChangeRequest
 from changes.rules import APPLY, ChangeRefused
 from changes.services import apply, facts, review, timeline
+from controlpanel.services import redact
 from hosts.models import Deployment, EngineConfig
 
 PAGE_SIZE = 25
@@ -84,7 +86,9 @@ def change_new(request):
                 submit=request.POST.get("action") != "draft",
                 **form.proposal(),
             )
-        except ChangeRefused as exc:
+        except (ChangeRefused, PermissionDenied) as exc:
+            # Refused for what it sets (a code-loading flag needs an Admin): say so on the
+            # form, with what was typed kept.
             form.add_error(None, str(exc))
         else:
             messages.success(request, f"Change #{change.pk} {change.get_state_display().lower()}.")
@@ -105,12 +109,13 @@ def change_preview(request):
     if not context["problems"]:
         try:
             proposal = facts.validate_proposal(deployment, form.settings(), *form.carried())
-            context["facts"] = facts.review_facts(
+            shown = facts.review_facts(
                 deployment,
                 deployment.active_config,
                 proposal,
                 form.cleaned_data.get("verify_profile"),
             )
+            context["facts"] = {**shown, "diff": facts.shown_diff(shown["diff"])}
         except ChangeRefused as exc:
             context["problems"] = [str(exc)]
     return render(request, "changes/_preview.html", context)
@@ -121,8 +126,14 @@ def _change(pk) -> ChangeRequest:
     return get_object_or_404(ChangeRequest.objects.select_related(*DETAIL_SELECT), pk=pk)
 
 
+def _timeline_items(change: ChangeRequest) -> list[dict]:
+    # Secrets are masked when an entry is written; masked again here for entries written
+    # before that was so.
+    return [redact(item) for item in timeline.timeline(change)]
+
+
 def _timeline(change: ChangeRequest) -> list[dict]:
-    items = timeline.timeline(change)
+    items = _timeline_items(change)
     for item in items:
         item["when"] = parse_datetime(item["at"])
     return items
@@ -134,6 +145,7 @@ def _context(request, change: ChangeRequest) -> dict:
     actions = change.allowed_actions(request.user)
     return {
         "change": change,
+        "diff": facts.shown_diff(change.diff()),
         "stale": change.is_stale(),
         "actions": actions,
         "buttons": actions - {"comment", "rebase"},
@@ -172,7 +184,7 @@ def change_timeline(request, pk):
             "state": state.value,
             "label": state.label,
             "colour": state.colour,
-            "items": timeline.timeline(change),
+            "items": _timeline_items(change),
         }
     )
 
@@ -266,7 +278,11 @@ def _with_diffs(configs: list[EngineConfig]) -> list[dict]:
             }
         )
     return [
-        {"config": c, "diff": c.diff(have.get((c.deployment_id, c.version - 1)))} for c in configs
+        {
+            "config": c,
+            "diff": facts.shown_diff(c.diff(have.get((c.deployment_id, c.version - 1)))),
+        }
+        for c in configs
     ]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, time, timedelta
 
 from django.contrib.contenttypes.models import ContentType
@@ -28,6 +28,42 @@ def snapshot(obj: models.Model, fields: list[str] | None = None) -> dict:
     return json.loads(json.dumps(data, cls=DjangoJSONEncoder))
 
 
+# --- Secrets: what the audit log never holds nor shows --------------------------------------
+
+# The rules that say a value is secret by its key (``api_key``, ``env.HF_TOKEN``). This layer
+# knows no engine: the hosts app registers its rule (hosts.engines.redaction.is_secret) when
+# it is ready, so the audit log masks what the engines' specs mark secret.
+_secret_rules: list[Callable[[str], bool]] = []
+MASK = "•••"
+
+
+def register_secret_rule(rule: Callable[[str], bool]) -> None:
+    if rule not in _secret_rules:
+        _secret_rules.append(rule)
+
+
+def is_secret_key(key) -> bool:
+    return isinstance(key, str) and any(rule(key) for rule in _secret_rules)
+
+
+def _masked(value):
+    if value is None:
+        return None
+    if isinstance(value, list | tuple):
+        return [_masked(item) for item in value]
+    return MASK
+
+
+def redact(value):
+    """``value`` (audit data: nested dicts and lists) with the value of every secret key
+    masked; "not set" (None) stays visible so a diff still says a key was added or removed."""
+    if isinstance(value, dict):
+        return {k: (_masked(v) if is_secret_key(k) else redact(v)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact(item) for item in value]
+    return value
+
+
 def audit(
     actor,
     action: str,
@@ -37,7 +73,9 @@ def audit(
     after: dict | None = None,
     remote_addr: str | None = None,
 ) -> AuditEntry:
-    """Append one entry to the audit log. ``actor`` None means the system (scheduler, worker)."""
+    """Append one entry to the audit log. ``actor`` None means the system (scheduler, worker).
+    Secret values in ``before``/``after`` are masked before they are written: the log, its
+    pages and its exports never hold them."""
     user = actor if getattr(actor, "is_authenticated", False) else None
     return AuditEntry.objects.create(
         actor=user,
@@ -46,8 +84,8 @@ def audit(
         content_type=ContentType.objects.get_for_model(obj) if obj is not None else None,
         object_id=str(obj.pk) if obj is not None else "",
         object_repr=str(obj)[:200] if obj is not None else "",
-        before=before,
-        after=after,
+        before=redact(before),
+        after=redact(after),
         remote_addr=remote_addr,
     )
 
@@ -139,7 +177,8 @@ def audit_changes(entry: AuditEntry) -> list[dict]:
             return {}
         return value if isinstance(value, dict) else {"value": value}
 
-    before, after = as_dict(entry.before), as_dict(entry.after)
+    # Masked again when read: entries written before secrets were masked at write time.
+    before, after = as_dict(redact(entry.before)), as_dict(redact(entry.after))
     missing = object()
     rows = []
     for field in sorted(set(before) | set(after)):
@@ -175,8 +214,8 @@ def audit_export_record(entry: AuditEntry) -> dict:
         "object_type": _object_type(entry),
         "object_id": entry.object_id,
         "object": entry.object_repr,
-        "before": entry.before,
-        "after": entry.after,
+        "before": redact(entry.before),
+        "after": redact(entry.after),
         "remote_addr": entry.remote_addr,
     }
 

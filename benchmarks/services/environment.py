@@ -9,9 +9,9 @@ import httpx
 from benchmarks.loadgen import __version__ as LOADGEN_VERSION
 from benchmarks.models import GPU_SEPARATOR, BenchmarkRun
 from hosts.engines.metrics import endpoints
+from hosts.engines.redaction import is_secret, masked
 from hosts.models import Deployment
 
-SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 # What the engine's version endpoint says that the record keeps.
 REPORTED = ("version", "sglang_version", "torch_version", "cuda_version", "flashinfer_version")
 
@@ -38,7 +38,7 @@ def environment(run: BenchmarkRun, spec) -> dict:
             "runner": deployment.runner,
             "url": deployment.engine_url,
         },
-        "config": _config(run.engine_config),
+        "config": recorded_config(run.engine_config),
         "profile": {
             "id": run.load_profile_id,
             "name": run.load_profile.name,
@@ -66,22 +66,24 @@ def _host(host) -> dict:
     }
 
 
-def _config(config) -> dict | None:
+def recorded_config(config) -> dict | None:
+    """A config version as a run records it: every value except the secrets."""
     if config is None:
         return None
     return {
         "id": config.pk,
         "version": config.version,
-        "settings": {k: ("•••" if secret(k) else v) for k, v in config.settings.items()},
-        "env": {k: ("•••" if secret(k) else v) for k, v in config.env.items()},
+        # Secret values (the flag spec's api_key, HF_TOKEN, ...) are masked; every other
+        # value is kept, so the record says what the run measured.
+        "settings": masked(config.settings),
+        "env": masked(config.env),
         "placement": config.placement,
     }
 
 
-def secret(name: str) -> bool:
-    """Settings and environment variables whose values a record must not keep
-    (VLLM_API_KEY, HF_TOKEN, ...)."""
-    return any(word in name.upper() for word in SECRET_WORDS)
+# The one rule for what a record must not keep (hosts.engines.redaction), under the name the
+# compare view reads it by.
+secret = is_secret
 
 
 def engine_report(deployment: Deployment) -> dict:

@@ -13,15 +13,11 @@ from benchmarks.loadgen.profile import build_spec
 from benchmarks.loadgen.spec import SpecError
 from benchmarks.metrics import RECORDED
 from benchmarks.models import BenchmarkRun, RunPoint
-from benchmarks.services.environment import secret
 from controlpanel.choices import OperationStatus
+from hosts.engines.redaction import masked
 
 EXPORT_FORMAT = "llm-control-panel/run"
 EXPORT_VERSION = 1
-
-
-def _masked(values: dict) -> dict:
-    return {k: ("***" if secret(k) else v) for k, v in (values or {}).items()}
 
 
 def export_spec(run: BenchmarkRun) -> dict | None:
@@ -118,8 +114,8 @@ def _panel(run: BenchmarkRun) -> dict:
         "finished_at": _iso(run.finished_at),
         "config": {
             "version": config.version,
-            "settings": _masked(config.settings),
-            "env": _masked(config.env),
+            "settings": masked(config.settings),
+            "env": masked(config.env),
             "placement": config.placement,
         }
         if config

@@ -15,6 +15,7 @@ from controlpanel.choices import OperationStatus
 from hosts.engines import get_spec
 from hosts.engines.catalog import GPUS
 from hosts.engines.launch import LaunchError
+from hosts.engines.redaction import masked
 from hosts.models import Deployment, EngineConfig
 
 
@@ -32,6 +33,12 @@ def validate_proposal(deployment: Deployment, settings: dict, env: dict, placeme
         "env": launch.env,
         "placement": launch.placement.to_dict() if launch.placement else {},
     }
+
+
+def shown_diff(diff: dict) -> dict:
+    """A config diff (``{key: (old, new)}``) as people may read it: secret values (the flag
+    spec's ``api_key``, ``env.HF_TOKEN``) masked on both sides, "unset" left visible."""
+    return masked(diff)
 
 
 def gpu_count(deployment: Deployment) -> int | None:

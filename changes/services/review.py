@@ -10,7 +10,12 @@ from changes import rules
 from changes.choices import ChangeKind, ChangeState, Decision
 from changes.models import Approval, ChangeRequest
 from changes.rules import ChangeRefused
-from changes.services.facts import required_approvals, review_facts, validate_proposal
+from changes.services.facts import (
+    required_approvals,
+    review_facts,
+    shown_diff,
+    validate_proposal,
+)
 from changes.services.timeline import locked, record, transition
 from controlpanel.choices import OperationStatus
 from controlpanel.models import AuditEntry
@@ -42,6 +47,7 @@ def propose_change(
     base = deployment.active_config
     facts = review_facts(deployment, base, proposal, verify_profile)
     _check_proposal(deployment, facts, baseline_run, window)
+    rules.require_code_loading(actor, deployment.engine, facts["diff"])
     start, end = window or (None, None)
     with transaction.atomic():
         change = ChangeRequest.objects.create(
@@ -93,7 +99,8 @@ def _check_proposal(deployment, facts: dict, baseline_run, window) -> None:
 
 
 def _diff_lists(diff: dict) -> dict:
-    return {k: list(v) for k, v in diff.items()}
+    """The diff as the timeline keeps it: secret values masked (it is read by every Viewer)."""
+    return {k: list(v) for k, v in shown_diff(diff).items()}
 
 
 def propose_rollback(

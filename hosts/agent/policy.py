@@ -9,6 +9,11 @@ inference engine, not an arbitrary program.
 Allow-list entries are a program (a name looked up on the agent's PATH, or an absolute path)
 optionally followed by arguments that must come right after it: ``vllm`` allows any ``vllm``
 command line, ``python3 -m sglang.launch_server`` allows python3 only for that module.
+
+The same on the environment and the flags: a config may set only the variables named in
+hosts.engines.launch's list (checked here again on the rendered environment), and flags that
+make the engine load code (``--trust-remote-code``) are refused unless the agent was started
+with ``--allow-code-loading``: a stolen token or a careless panel cannot turn them on.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ import shutil
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+from hosts.engines import ENGINES, redaction
+from hosts.engines.launch import env_problem
 
 ENGINE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 
@@ -52,34 +60,35 @@ NUMACTL_VALUE_OPTIONS = {
 NUMACTL_FLAGS = {"--localalloc", "-l"}
 TASKSET_FLAGS = {"-c", "--cpu-list", "-a", "--all-tasks"}
 
-# Variables that change which code a process loads: never taken from a config.
-RISKY_ENV = {
-    "PATH",
-    "PYTHONPATH",
-    "PYTHONHOME",
-    "PYTHONSTARTUP",
-    "PYTHONINSPECT",
-    "PYTHONUSERBASE",
-    "PYTHONEXECUTABLE",
-    "PYTHONSAFEPATH",
-    "BASH_ENV",
-    "ENV",
-    "IFS",
-    "NODE_OPTIONS",
-    "PERL5OPT",
-}
-RISKY_ENV_PREFIXES = ("LD_", "DYLD_")
 # The agent's own environment may hold the panel's secrets (the embedded demo runs both on one
-# machine); engines get none of them. Hugging Face tokens stay: gated models need them.
+# machine); engines get none of them. Hugging Face tokens stay: gated models need them. This
+# filters what the engine inherits (dropping too much is safe); what a config may set is the
+# named list of hosts.engines.launch, and what is masked in logs is hosts.engines.redaction.
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_KEY|PRIVATE_KEY", re.IGNORECASE)
 KEPT_SECRETS = {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"}
-SECRET_FLAG = re.compile(r"api[-_]?key|-token$|secret|passw", re.IGNORECASE)
+# The engine options that make it run code or read files it names (Flag.loads_code), of every
+# engine: rendered values never start with "-", so an argv item equal to one is that option.
+CODE_LOADING_OPTIONS = frozenset(
+    option
+    for module in ENGINES.values()
+    for flag in module.SPEC.flags
+    if flag.loads_code
+    for option in flag.options
+)
 
 
 class ExecPolicy:
     """Checks a rendered argv and resolves its programs to absolute paths."""
 
-    def __init__(self, entries: Iterable[str | tuple[str, ...]] | None = None):
+    def __init__(
+        self,
+        entries: Iterable[str | tuple[str, ...]] | None = None,
+        *,
+        allow_code_loading: bool = False,
+    ):
+        # Code-loading flags (--trust-remote-code) run code the panel never saw: refused unless
+        # whoever runs this host opted in (``--allow-code-loading``), whatever the panel sends.
+        self.allow_code_loading = allow_code_loading
         if entries is None:
             self.entries = default_allow_list()
         else:
@@ -112,6 +121,16 @@ class ExecPolicy:
                 f"program {program!r} (command {_short(rest)}) is not on this agent's "
                 f"allow-list ({self.describe()}); start the agent with --allow-exec to allow it"
             )
+        if not self.allow_code_loading:
+            loading = sorted(
+                {a.partition("=")[0] for a in rest[1:]} & CODE_LOADING_OPTIONS,
+            )
+            if loading:
+                raise ExecRefused(
+                    f"{', '.join(loading)} makes the engine run code that is not the engine's "
+                    "(e.g. a model repository's Python): this agent refuses it; start the "
+                    "agent with --allow-code-loading to allow it"
+                )
         out += [_resolve(program), *rest[1:]]
         return out
 
@@ -175,15 +194,11 @@ def _wrapper_args(argv: list[str]) -> int:
 
 
 def check_config_env(env: Mapping[str, str]) -> None:
-    """Refuse variables that would change which code the engine loads."""
-    bad = sorted(
-        k for k in env if k.upper() in RISKY_ENV or k.upper().startswith(RISKY_ENV_PREFIXES)
-    )
-    if bad:
-        raise ExecRefused(
-            f"environment variable(s) {', '.join(bad)} may not be set by a launch config: "
-            "they change which programs or libraries the engine loads"
-        )
+    """Refuse variables that are not on the named list of hosts.engines.launch (the same rule
+    the panel applies: the agent does not take the panel's word for it)."""
+    problems = [problem for k, v in env.items() if (problem := env_problem(k, v))]
+    if problems:
+        raise ExecRefused("; ".join(problems))
 
 
 def child_env(extra: Mapping[str, str], base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -201,20 +216,5 @@ def child_env(extra: Mapping[str, str], base: Mapping[str, str] | None = None) -
 
 
 def mask_argv(argv: Iterable[str]) -> list[str]:
-    """The argv for logs: values of key/token/secret flags replaced by ``***``."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append("***")
-            hide_next = False
-            continue
-        if arg.startswith("--") and SECRET_FLAG.search(arg.split("=", 1)[0]):
-            if "=" in arg:
-                out.append(arg.split("=", 1)[0] + "=***")
-            else:
-                out.append(arg)
-                hide_next = True
-            continue
-        out.append(arg)
-    return out
+    """The argv for logs: the values of the flags the engine specs mark secret masked."""
+    return redaction.mask_argv(argv)

@@ -431,6 +431,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(vllm, python -m sglang.launch_server, this python -m hosts.simulator)",
     )
     parser.add_argument(
+        "--allow-code-loading",
+        action="store_true",
+        help="let engines run flags that load code the panel never saw (--trust-remote-code); "
+        "refused by default, whatever the panel sends",
+    )
+    parser.add_argument(
         "--simulate",
         metavar="GPU[:COUNT]",
         help="report simulated GPUs of this catalog model (e.g. h100-sxm:2)",
@@ -462,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agent: {exc}", file=sys.stderr)
         return 2
     try:
-        policy = ExecPolicy(args.allow_exec)
+        policy = ExecPolicy(args.allow_exec, allow_code_loading=args.allow_code_loading)
     except ValueError as exc:
         parser.error(f"--allow-exec: {exc}")
     tls = None

@@ -62,11 +62,27 @@ class Flag:
     # dest of the flag that does this one's job in the versions without it (renames), so the
     # refusal can say what to use instead.
     counterpart: str | None = None
+    # The value is a credential (an API key): hosts.engines.redaction masks it wherever the
+    # panel shows, logs, exports or sends a config, and refusals never repeat it.
+    secret: bool = False
+    # Setting it makes the engine run code or read files it names (trust_remote_code runs the
+    # model repository's Python): only an Admin may propose or approve it, the review says so,
+    # and an agent refuses it unless started with --allow-code-loading.
+    loads_code: bool = False
 
     @property
     def option(self) -> str:
         """The long option, as it is rendered."""
         return next(o for o in self.options if o.startswith("--"))
+
+    def loads_code_with(self, value: Any) -> bool:
+        """Whether setting this flag to ``value`` makes the engine load code (turning a
+        code-loading switch off, or leaving it unset, does not)."""
+        return self.loads_code and value is not None and value is not False
+
+    def _shown(self, value: Any) -> str:
+        # What an error message may repeat of a value: never a credential.
+        return "(the value is hidden)" if self.secret else repr(value)
 
     def coerce(self, value: Any) -> Any:
         """Turn a value from a form, JSON or argv into this flag's type, or raise."""
@@ -79,10 +95,12 @@ class Flag:
             if isinstance(value, str) and value.lower() in ("true", "false"):
                 return value.lower() == "true"
             raise EngineArgError(
-                f"argument {opt}: expected true or false, got {value!r}", self.dest
+                f"argument {opt}: expected true or false, got {self._shown(value)}", self.dest
             )
         if self.type in ("int", "float") and isinstance(value, bool):
-            raise EngineArgError(f"argument {opt}: invalid {self.type} value: {value!r}", self.dest)
+            raise EngineArgError(
+                f"argument {opt}: invalid {self.type} value: {self._shown(value)}", self.dest
+            )
         try:
             if isinstance(value, str) and self.parse is not None:
                 value = self.parse(value)
@@ -104,7 +122,7 @@ class Flag:
             raise
         except (TypeError, ValueError):
             raise EngineArgError(
-                f"argument {opt}: invalid {self.type} value: {value!r}", self.dest
+                f"argument {opt}: invalid {self.type} value: {self._shown(value)}", self.dest
             ) from None
         self.check(value)
         return value
@@ -112,7 +130,8 @@ class Flag:
     def _text(self, value: Any) -> str:
         if not isinstance(value, str) or not SAFE_TEXT.match(value):
             raise EngineArgError(
-                f"argument {self.option}: invalid value {value!r}: only letters, digits and "
+                f"argument {self.option}: invalid value {self._shown(value)}: only letters, "
+                "digits and "
                 "_ . : / @ + = , - are allowed, and it may not start with '-'",
                 self.dest,
             )

@@ -43,7 +43,15 @@ FLAGS = (
         "Model name in the API.",
         performance=False,
     ),
-    Flag("api_key", ("--api-key",), "str", None, "API key of the server.", performance=False),
+    Flag(
+        "api_key",
+        ("--api-key",),
+        "str",
+        None,
+        "API key of the server.",
+        performance=False,
+        secret=True,
+    ),
     Flag(
         "mem_fraction_static",
         ("--mem-fraction-static",),
@@ -168,9 +176,10 @@ FLAGS = (
         ("--trust-remote-code",),
         "bool",
         None,
-        "Trust remote code from Hugging Face.",
+        "Trust remote code from Hugging Face: runs the model repository's Python code.",
         bool_style="store_true",
         performance=False,
+        loads_code=True,
     ),
 )
 

@@ -60,6 +60,7 @@ FLAGS = (
         None,
         "Key the server requires in the header.",
         performance=False,
+        secret=True,
     ),
     Flag(
         "gpu_memory_utilization",
@@ -165,9 +166,10 @@ FLAGS = (
         ("--trust-remote-code",),
         "bool",
         None,
-        "Trust remote code from Hugging Face.",
+        "Trust remote code from Hugging Face: runs the model repository's Python code.",
         bool_style="store_true",
         performance=False,
+        loads_code=True,
     ),
     Flag(
         "disable_log_stats",

@@ -33,12 +33,12 @@ def test_validated_coerces_settings_and_returns_a_new_config():
     cfg = vllm(
         settings={"max_num_seqs": "64", "enable_prefix_caching": "false"},
         engine_version="0.11.0",
-        env={"HF_HOME": "/data/hf"},
+        env={"NCCL_DEBUG": "INFO"},
     )
     clean = cfg.validated()
     assert clean is not cfg and cfg.settings["max_num_seqs"] == "64"
     assert clean.settings == {"max_num_seqs": 64, "enable_prefix_caching": False}
-    assert clean.env == {"HF_HOME": "/data/hf"} and clean.engine_version == "0.11.0"
+    assert clean.env == {"NCCL_DEBUG": "INFO"} and clean.engine_version == "0.11.0"
     assert clean.validated() == clean
 
 
@@ -160,11 +160,11 @@ def test_engine_variables_are_allowed(name, value):
 @pytest.mark.parametrize(
     ("name", "reason"),
     [
-        ("LD_PRELOAD", "it loads a library into the engine"),
+        ("LD_PRELOAD", "it changes which libraries the engine loads"),
         ("LD_LIBRARY_PATH", "it changes which libraries"),
         ("PATH", "it changes which programs run"),
         ("PYTHONPATH", "it changes which Python code"),
-        ("HOME", "not an engine variable"),
+        ("HOME", "not on the list of variables known to be safe"),
         ("http_proxy", "invalid variable name"),
         ("1CUDA", "invalid variable name"),
     ],
@@ -241,7 +241,9 @@ def test_from_dict_refuses_bad_shapes():
 
 def test_vllm_process():
     cmd = render_process(
-        vllm(settings={"max_num_seqs": 64}, env={"HF_HOME": "/hf"}, host="127.0.0.1", port=8001)
+        vllm(
+            settings={"max_num_seqs": 64}, env={"HF_HUB_OFFLINE": "1"}, host="127.0.0.1", port=8001
+        )
     )
     assert cmd == ProcessCommand(
         argv=(
@@ -255,7 +257,7 @@ def test_vllm_process():
             "--max-num-seqs",
             "64",
         ),
-        env={"HF_HOME": "/hf"},
+        env={"HF_HUB_OFFLINE": "1"},
     )
 
 
@@ -469,7 +471,7 @@ def unit_lines(unit: SystemdUnit) -> list[str]:
 
 def test_systemd_unit_structure():
     unit = render_systemd(
-        vllm(settings={"max_num_seqs": 8}, env={"HF_HOME": "/hf", "NCCL_DEBUG": "WARN"}),
+        vllm(settings={"max_num_seqs": 8}, env={"HF_HUB_OFFLINE": "1", "NCCL_DEBUG": "WARN"}),
         unit_name="cp-vllm-a.service",
         env_file="/etc/controlpanel/cp-vllm-a.env",
         user="vllm",
@@ -492,7 +494,7 @@ def test_systemd_unit_structure():
         "ExecStart=/opt/venv/bin/vllm serve " + LLAMA + " --host 0.0.0.0 --port 8000"
         " --max-num-seqs 8"
     ) in service
-    assert unit.env_text == "HF_HOME=/hf\nNCCL_DEBUG=WARN\n"
+    assert unit.env_text == "HF_HUB_OFFLINE=1\nNCCL_DEBUG=WARN\n"
     assert not any(line.startswith(("CPUAffinity", "NUMA")) for line in lines)
 
 
@@ -519,7 +521,7 @@ def test_systemd_analyze_accepts_the_unit(tmp_path, engine):
     make = vllm if engine == "vllm" else sglang
     env_file = tmp_path / "engine.env"
     unit = render_systemd(
-        make(env={"HF_HOME": "/hf"}, placement=Placement(numa_node=0)),
+        make(env={"HF_HUB_OFFLINE": "1"}, placement=Placement(numa_node=0)),
         unit_name="cp-test.service",
         env_file=str(env_file),
         python=sys.executable,

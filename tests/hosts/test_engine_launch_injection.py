@@ -49,7 +49,7 @@ CONFIG_FIELDS = {
     "engine": lambda bad: vllm(engine=bad),
     "placement.cpus": lambda bad: vllm(placement=Placement(cpus=bad)),
     "placement.numa_node": lambda bad: vllm(placement=Placement(numa_node=bad)),
-    "env.HF_HOME": lambda bad: vllm(env={"HF_HOME": bad}),
+    "env.NCCL_SOCKET_IFNAME": lambda bad: vllm(env={"NCCL_SOCKET_IFNAME": bad}),
     "env.CUDA_VISIBLE_DEVICES": lambda bad: vllm(env={"CUDA_VISIBLE_DEVICES": bad}),
     "simulator.gpu": lambda bad: vllm(runner="simulator", simulator={"gpu": bad}),
     "simulator.num_gpus": lambda bad: vllm(runner="simulator", simulator={"num_gpus": bad}),

@@ -88,7 +88,7 @@ def test_placement_wrappers_are_resolved_and_their_options_checked():
 
 
 def test_config_env_may_not_change_what_gets_loaded():
-    check_config_env({"CUDA_VISIBLE_DEVICES": "0,1", "HF_HOME": "/data/hf"})
+    check_config_env({"CUDA_VISIBLE_DEVICES": "0,1", "HF_HUB_OFFLINE": "1"})
     for name in ("LD_PRELOAD", "PATH", "PYTHONPATH", "ld_library_path", "BASH_ENV"):
         with pytest.raises(ExecRefused, match=name):
             check_config_env({name: "x"})
@@ -112,13 +112,14 @@ def test_child_env_drops_secrets_and_loader_hooks():
 
 
 def test_mask_argv():
+    """By the flag spec (Flag.secret), not by a substring of the option's name."""
     argv = [
         "vllm",
         "serve",
         "m",
         "--api-key",
         "sk-1",
-        "--hf-token=abc",
+        "--api-key=sk-2",
         "--max-num-batched-tokens",
         "8192",
     ]
@@ -127,8 +128,8 @@ def test_mask_argv():
         "serve",
         "m",
         "--api-key",
-        "***",
-        "--hf-token=***",
+        "•••",
+        "--api-key=•••",
         "--max-num-batched-tokens",
         "8192",
     ]

@@ -1,0 +1,78 @@
+"""Which config values are secret, and how they are masked (pure: no Django).
+
+``is_secret`` is the one rule, for every place that shows, logs, exports or sends a config:
+a setting is secret when the engine's flag spec marks it (``Flag.secret``: ``api_key``), an
+environment variable when the launch rules' named list marks it (``EnvVar.secret``:
+``HF_TOKEN``, ``HUGGING_FACE_HUB_TOKEN``, ``VLLM_API_KEY``). Nothing is decided by a
+substring of a name: ``max_num_batched_tokens`` holds "TOKEN" and is not a secret.
+
+The stored config keeps the real value (the engine needs it); only what people read is masked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from hosts.engines import ENGINES
+from hosts.engines.launch import SAFE_ENV
+
+# What a masked value reads as: the same wherever it appears (pages, exports, notifications,
+# logs), so a reader learns to recognise it.
+MASK = "•••"
+ENV_PREFIX = "env."
+
+SECRET_SETTINGS = frozenset(
+    flag.dest for module in ENGINES.values() for flag in module.SPEC.flags if flag.secret
+)
+SECRET_ENV = frozenset(name for name, var in SAFE_ENV.items() if var.secret)
+SECRET_OPTIONS = frozenset(
+    option
+    for module in ENGINES.values()
+    for flag in module.SPEC.flags
+    if flag.secret
+    for option in flag.options
+)
+
+
+def is_secret(name: Any) -> bool:
+    """Whether a value named ``name`` must not be shown: a setting's dest (``api_key``), an
+    environment variable's name (``HF_TOKEN``) or its flattened key (``env.HF_TOKEN``)."""
+    if not isinstance(name, str):
+        return False
+    if name.startswith(ENV_PREFIX):
+        return name[len(ENV_PREFIX) :] in SECRET_ENV
+    return name in SECRET_SETTINGS or name in SECRET_ENV
+
+
+def mask(value: Any) -> Any:
+    """A secret's value as shown: the mask, except "not set" (None) stays visible, and each
+    item of a list (the two sides of a diff) is masked on its own."""
+    if value is None:
+        return None
+    if isinstance(value, list | tuple):
+        return type(value)(mask(item) for item in value)
+    return MASK
+
+
+def masked(values: Mapping | None) -> dict:
+    """A mapping of settings, environment or flattened config with secret values masked."""
+    return {k: (mask(v) if is_secret(k) else v) for k, v in (values or {}).items()}
+
+
+def mask_argv(argv: Iterable[str]) -> list[str]:
+    """An engine command line for logs: the values of secret flags (``--api-key``) masked."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(MASK)
+            hide_next = False
+            continue
+        option, eq, _ = arg.partition("=")
+        if option in SECRET_OPTIONS:
+            out.append(option + "=" + MASK if eq else arg)
+            hide_next = not eq
+            continue
+        out.append(arg)
+    return out
