@@ -196,7 +196,9 @@ class Lifecycle:
         again when it ran before the operation; None leaves the engine stopped."""
         if engine.running():
             op.step(f"stopping pid {engine.pid}: its config was never confirmed ready")
-            self.stop_run(engine)
+            # "starting" when the last good config follows: the engine is on its way back,
+            # not stopped for good (what a poll in between would otherwise report).
+            self.stop_run(engine, final_state="starting" if prepared else "stopped")
         if prepared is None:
             message = "the engine did not run before the operation: left stopped"
             self._settle(engine, message)

@@ -311,6 +311,8 @@ class Supervisor:
                 prepared = self.prepare(engine.name, start.to_dict())
             except AgentError as exc:
                 engine.recovered(f"the config to go back to cannot run any more: {exc}")
+        if prepared is not None:
+            engine.state = "starting"  # on its way back from the moment the agent is up
         work = functools.partial(_recover_work, self.lifecycle)
         return ("recover", work, prepared, timeout)
 

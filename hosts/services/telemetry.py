@@ -1,6 +1,13 @@
 """Telemetry: poll every host (in parallel, each through its cached transport), store what a
 reading says (GPU samples, the newest reading on each GPU, host readings, engine states), tell
-the host's live page, and fold 1-second samples into 1-minute aggregates."""
+the host's live page, and fold 1-second samples into 1-minute aggregates.
+
+A deployment's status is never left "unknown" once its host answers: each successful poll sets
+it to the state the host reports (with the host's reason as the detail), an engine the host
+does not know is stopped, and an operation whose host agent was restarted under it (the agent
+reports the operation it found interrupted) is closed with that explanation instead of being
+waited for.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +21,9 @@ from django.db.models import Avg, Count, Max, Min, Q
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
+from controlpanel.choices import OperationStatus
 from controlpanel.realtime import group_name, publish
-from hosts.choices import DeploymentStatus, HostStatus
+from hosts.choices import DeploymentStatus, HostStatus, OperationOutcome
 from hosts.models import (
     ACTIVE_STATUSES,
     Deployment,
@@ -61,7 +69,12 @@ ENGINE_STATES = {
     "starting": DeploymentStatus.STARTING,
     "stopped": DeploymentStatus.STOPPED,
     "failed": DeploymentStatus.FAILED,
+    # The agent found the engine's port held by another process, or a process it did not
+    # trust to be the engine: it does not serve as the deployment, so it is failed, and the
+    # detail names the holder.
+    "conflict": DeploymentStatus.FAILED,
 }
+UNKNOWN_ENGINE = "the host does not know this engine: nothing runs under its name"
 POLL_BACKOFF = timedelta(seconds=15)  # how often a host that is down is tried again
 MINUTE_FIELDS = [
     "samples",
@@ -214,25 +227,89 @@ def _live_point(gpu: Gpu, item: dict) -> dict:
 
 
 def _engine_states(host: Host, engines: dict, when: datetime, holders: dict) -> None:
-    busy = set(
-        EngineOperation.objects.filter(
-            deployment__host=host, status__in=ACTIVE_STATUSES
-        ).values_list("deployment_id", flat=True)
-    )
+    active = {
+        op.deployment_id: op
+        for op in EngineOperation.objects.filter(deployment__host=host, status__in=ACTIVE_STATUSES)
+    }
     for deployment in host.deployments.all():
         state = engines.get(deployment.name)
         if state is None:
-            continue  # not known to the host
+            # Never deployed there, or its state was lost with the agent's: nothing runs
+            # (what the transports answer for such an engine). "Unknown" does not stay.
+            if deployment.pk not in active and deployment.status == DeploymentStatus.UNKNOWN:
+                _set_status(deployment, DeploymentStatus.STOPPED, UNKNOWN_ENGINE, when)
+            continue
         # Which GPUs the engine really uses: those whose processes are the engine's.
         pids = set(state.get("pids") or []) - {None}
         used = sorted(pk for pk, procs in holders.items() if pids & procs)
         if used and used != sorted(g.pk for g in deployment.gpus.all()):
             deployment.gpus.set(used)
-        if deployment.pk in busy:
+        operation = active.get(deployment.pk)
+        if operation is not None and not _close_interrupted(operation, state, host.pk):
             continue  # an operation owns the status right now
         status = ENGINE_STATES.get(state.get("state"), DeploymentStatus.UNKNOWN)
-        if status != deployment.status:
-            Deployment.objects.filter(pk=deployment.pk).update(status=status, status_at=when)
+        if status != deployment.status or operation is not None:
+            _set_status(deployment, status, engine_detail(state), when)
+
+
+def engine_detail(state: dict) -> str:
+    """The deployment's status detail from what the host says of its engine: the error of a
+    failed engine or a conflict, else what the agent did with it when it restarted."""
+    name = state.get("state") or "unknown"
+    if name == "conflict":
+        return f"conflict: {state.get('error') or 'the engine cannot be trusted'}"
+    if name == "failed" and state.get("error"):
+        return f"failed: {state['error']}"
+    if name not in ENGINE_STATES:
+        return f"the host reports the engine as {name!r}, which the panel does not know"
+    recovery = (state.get("recovery") or {}).get("message")
+    return f"engine {name} (agent restarted: {recovery})" if recovery else f"engine {name}"
+
+
+def _set_status(deployment: Deployment, status: str, detail: str, when: datetime) -> None:
+    detail = detail[:500]
+    Deployment.objects.filter(pk=deployment.pk).update(
+        status=status, status_detail=detail, status_at=when
+    )
+    deployment.status, deployment.status_detail = status, detail
+    publish(
+        group_name("host", deployment.host_id),
+        "deployment.updated",
+        {"id": deployment.pk, "status": status, "detail": detail},
+    )
+
+
+def _close_interrupted(operation: EngineOperation, state: dict, host_pk: int) -> bool:
+    """Close ``operation`` when the host agent reports that the operation it ran for it died
+    with the agent (killed or restarted mid-operation): nothing will ever finish it, and the
+    deployment's status is the engine's again. True when it was closed.
+
+    The agent's operation is this one's when it began after this one did (the agent's clock
+    against the panel's; hosts keep time with NTP). One that began earlier is an older
+    incident and never closes a newer operation; a lagging agent clock only means the
+    worker's own error path (or its redelivery) closes the operation instead."""
+    interrupted = state.get("interrupted") or {}
+    began = interrupted.get("started_at")
+    if operation.status != OperationStatus.RUNNING or operation.started_at is None:
+        return False
+    if not isinstance(began, (int, float)) or began < operation.started_at.timestamp():
+        return False  # no agent operation died since this one started
+    engine = state.get("state") or "unknown"
+    outcome = interrupted.get("outcome") or "the agent is still recovering the engine"
+    error = (
+        f"the host agent was restarted during this operation (its {interrupted.get('kind')} "
+        f"{interrupted.get('operation')} was interrupted): {outcome}; the engine is {engine}"
+    )
+    with transaction.atomic():
+        row = EngineOperation.objects.select_for_update().filter(pk=operation.pk).first()
+        if row is None or row.status != OperationStatus.RUNNING:
+            return False  # the worker finished it meanwhile: the next poll takes over
+        row.append_log(error)
+        row.outcome = OperationOutcome.FAILED
+        row.save(update_fields=["outcome"])
+        row.transition_to(OperationStatus.FAILED, error=error[:2000])
+    publish(group_name("host", host_pk), "operation.updated", row.as_event())
+    return True
 
 
 # --- downsampling ------------------------------------------------------------------------------
