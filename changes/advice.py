@@ -506,21 +506,195 @@ INFORMATIVE = BY_KEY["output_tokens_per_s"]
 VERDICT_METRICS = (*(check.metric for check in CHECKS), INFORMATIVE)
 
 
-def verdict(baseline: Mapping, after: Mapping, limits: Thresholds) -> dict:
+# --- the conditions a run measured under ---------------------------------------------------------
+# Two runs whose prefix-cache hit rates differ by more than this share measured different
+# engines: 98.6 % against 0 % makes TTFT several times faster whatever the config.
+PREFIX_HIT_TOLERANCE = 0.10
+# Under this many successful requests a p95 is the slowest request or two: no verdict on it.
+MIN_REQUESTS = 20
+# The cache state of an engine at a run's start (``Conditions.cache_state``).
+COLD, WARM, UNKNOWN = "cold", "warm", "unknown"
+CACHE_STATES = {
+    COLD: "right after a restart (cold cache)",
+    WARM: "on a warm engine (runs before it since the restart)",
+    UNKNOWN: "on an engine whose restart the panel did not see",
+}
+
+
+def condition_rows(before: Mapping, after: Mapping) -> list[dict]:
+    """The conditions of the two runs side by side, as the change page shows them."""
+
+    def share(value):
+        return None if value is None else round(value, 4)
+
+    return [
+        {
+            "key": "profile",
+            "label": "Load profile",
+            "baseline": before.get("profile"),
+            "after": after.get("profile"),
+        },
+        {
+            "key": "cache_state",
+            "label": "Engine at the start",
+            "baseline": before.get("cache_state"),
+            "after": after.get("cache_state"),
+        },
+        {
+            "key": "prefix_cache_hit_rate",
+            "label": "Prefix-cache hit rate",
+            "percent": True,
+            "baseline": share(before.get("prefix_cache_hit_rate")),
+            "after": share(after.get("prefix_cache_hit_rate")),
+        },
+        {
+            "key": "kv_cache_usage_max",
+            "label": "KV cache use (max)",
+            "percent": True,
+            "baseline": share(before.get("kv_cache_usage_max")),
+            "after": share(after.get("kv_cache_usage_max")),
+        },
+        {
+            "key": "error_rate",
+            "label": "Error rate",
+            "percent": True,
+            "baseline": share(before.get("error_rate")),
+            "after": share(after.get("error_rate")),
+        },
+        {
+            "key": "requests",
+            "label": "Successful requests",
+            "baseline": before.get("requests"),
+            "after": after.get("requests"),
+        },
+    ]
+
+
+# Flags whose change moves the prefix cache by design (turns it on or off, resizes the pool
+# it lives in): a hit rate that moves with them is the change's effect.
+CACHE_FLAGS = {
+    "vllm": frozenset(
+        {"enable_prefix_caching", "gpu_memory_utilization", "block_size", "kv_cache_dtype"}
+    ),
+    "sglang": frozenset({"disable_radix_cache", "mem_fraction_static", "kv_cache_dtype"}),
+}
+
+
+def alters_cache(engine: str, changed: Iterable[str]) -> bool:
+    """Whether a change of the flags ``changed`` alters the engine's prefix cache."""
+    return bool(CACHE_FLAGS.get(engine, frozenset()) & set(changed))
+
+
+def compare_conditions(before: Mapping, after: Mapping, *, cache_changed: bool = False) -> dict:
+    """Whether two runs measured the same engine under the same load, so their latencies may
+    be compared. ``before``/``after`` are ``Conditions`` dicts (``changes.services
+    .verification.conditions``): ``profile``, ``cache_state``, ``prefix_cache_hit_rate``,
+    ``kv_cache_usage_max``, ``error_rate``, ``requests`` and ``problem`` (why the run may not be
+    used for a verdict at all, or None). ``cache_changed``: the change itself alters the
+    prefix cache (turns it on or off, resizes the KV pool), so after the same start a moved
+    hit rate is its effect, not a difference in conditions.
+
+    Returns ``{"differ": [why no verdict can be drawn], "notes": [...], "rows": [...]}``. KV
+    use is shown, never a reason: a memory or batching change moves it by design."""
+    differ, notes = [], []
+    if before.get("problem"):
+        differ.append(f"the baseline cannot be used: {before['problem']}")
+    b_profile, a_profile = before.get("profile"), after.get("profile")
+    if b_profile and a_profile and b_profile != a_profile:
+        differ.append(
+            f"the baseline ran {b_profile}, the verification {a_profile}: not the same load"
+        )
+    b_state, a_state = before.get("cache_state", UNKNOWN), after.get("cache_state", UNKNOWN)
+    b_hits, a_hits = before.get("prefix_cache_hit_rate"), after.get("prefix_cache_hit_rate")
+    same_start = b_state == a_state != UNKNOWN
+    hits_known = b_hits is not None and a_hits is not None
+    if hits_known and abs(a_hits - b_hits) > PREFIX_HIT_TOLERANCE:
+        text = f"baseline ran with {b_hits:.1%} prefix-cache hits, verification with {a_hits:.1%}"
+        if cache_changed and same_start:
+            notes.append(text + ": the change alters the prefix cache, so this is its effect")
+        else:
+            differ.append(text + " — conditions differ")
+    if b_state != a_state:
+        started = (
+            f"the baseline ran {CACHE_STATES.get(b_state, b_state)}, the verification "
+            f"{CACHE_STATES.get(a_state, a_state)}"
+        )
+        if hits_known and abs(a_hits - b_hits) <= PREFIX_HIT_TOLERANCE:
+            notes.append(started + ", with the same prefix-cache hit rate")
+        elif not hits_known:
+            differ.append(
+                started + "; the engine did not report prefix-cache hits, so whether a warm "
+                "cache made the difference cannot be told"
+            )
+    return {"differ": differ, "notes": notes, "rows": condition_rows(before, after)}
+
+
+def verdict(
+    baseline: Mapping,
+    after: Mapping,
+    limits: Thresholds,
+    conditions: tuple[Mapping, Mapping] | None = None,
+    *,
+    cache_changed: bool = False,
+) -> dict:
     """Compare two runs' numbers (``run_numbers``: ``error_rate``, ``ttft_p95_ms``,
-    ``itl_p95_ms`` and the throughput, informative only) by ``CHECKS``. Any check over its
-    threshold makes the change a regression; ``reason`` says which."""
+    ``itl_p95_ms`` and the throughput, informative only) by ``CHECKS``, after checking that
+    the runs measured under the same ``conditions`` (baseline's, verification's; see
+    ``compare_conditions``).
+
+    ``outcome`` is one of:
+
+    - ``"regressed"``: a check is over its threshold, or the verification itself cannot be
+      used (its errors): the new config is not shown to be safe. ``reason`` says why.
+    - ``"inconclusive"``: the conditions differ (a warm cache against a cold one, another
+      load, an unusable baseline) or a check cannot be judged (not measured, too few
+      requests): no verdict, ``reason`` says why. Never reported as "within limits".
+    - ``"verified"``: every check judged and within its threshold.
+
+    ``regressed`` is kept as the boolean the pipeline rolls back on."""
+    before_conditions, after_conditions = conditions or ({}, {})
+    compared = compare_conditions(before_conditions, after_conditions, cache_changed=cache_changed)
     judged = [(rule, rule.judge(baseline, after, limits)) for rule in CHECKS]
+    requests = (before_conditions.get("requests"), after_conditions.get("requests"))
+    if any(count is not None and count < MIN_REQUESTS for count in requests):
+        few = min(count for count in requests if count is not None)
+        for rule, check in judged:
+            if isinstance(rule, RelativeCheck) and check["ok"] is not None:
+                check.update(ok=None, note=f"too few requests ({few}) for a p95")
+    if compared["differ"]:
+        # Latencies measured under different conditions say nothing about the change; more
+        # errors still do, unless the baseline itself is unusable.
+        void = before_conditions.get("problem")
+        for rule, check in judged:
+            if check["ok"] is not None and (void or isinstance(rule, RelativeCheck)):
+                check.update(ok=None, note="conditions differ")
     failed = [(rule, check) for rule, check in judged if check["ok"] is False]
     old, new = baseline.get(INFORMATIVE.key), after.get(INFORMATIVE.key)
+    reasons = [
+        f"{check['label']} {rule.shown(check)} (limit {check['limit']})" for rule, check in failed
+    ]
+    unusable = after_conditions.get("problem")
+    if unusable:
+        reasons.insert(0, f"the verification cannot be used: {unusable}")
+    if reasons:
+        outcome, reason = "regressed", "; ".join(reasons)
+    else:
+        unjudged = [
+            f"{check['label']} ({check.get('note') or 'not measured'})"
+            for _, check in judged
+            if check["ok"] is None and check.get("note") != "conditions differ"
+        ]
+        cannot = compared["differ"] + (["not judged: " + ", ".join(unjudged)] if unjudged else [])
+        outcome = "inconclusive" if cannot else "verified"
+        reason = "; ".join(cannot)
     return {
-        "regressed": bool(failed),
+        "outcome": outcome,
+        "regressed": outcome == "regressed",
         "checks": [check for _, check in judged],
         "throughput_change": round((new - old) / old, 4) if old and new is not None else None,
-        "reason": "; ".join(
-            f"{check['label']} {rule.shown(check)} (limit {check['limit']})"
-            for rule, check in failed
-        ),
+        "reason": reason,
+        "conditions": compared["rows"] if conditions else [],
+        "notes": compared["notes"],
     }
 
 
@@ -545,9 +719,9 @@ def numbers_text(values: Mapping) -> str:
 
 
 def verdict_text(result: dict) -> str:
-    """A verdict within limits in one line: how much each latency and the throughput moved,
-    and which checks could not be judged (unmeasured on a side), so "within limits" never
-    stands for "cannot tell"."""
+    """A verdict in one line: how much each latency and the throughput moved, and, when no
+    verdict could be drawn, "inconclusive" and why, so "within limits" never stands for
+    "cannot tell"."""
     parts = [
         f"{check['label']} {check['change']:+.0%}"
         for check in result["checks"]
@@ -555,8 +729,13 @@ def verdict_text(result: dict) -> str:
     ]
     if result.get("throughput_change") is not None:
         parts.append(f"output tok/s {result['throughput_change']:+.0%}")
-    text = "within limits: " + ", ".join(parts) if parts else "within limits"
-    unjudged = [check["label"] for check in result["checks"] if check["ok"] is None]
-    if unjudged:
-        text += "; not judged (not measured): " + ", ".join(unjudged)
+    moved = ", ".join(parts)
+    outcome = result.get("outcome") or ("regressed" if result["regressed"] else "verified")
+    if outcome == "regressed":
+        return "regression: " + result["reason"]
+    if outcome == "inconclusive":
+        return "inconclusive: " + result["reason"] + (f" (measured: {moved})" if moved else "")
+    text = "within limits: " + moved if moved else "within limits"
+    for note in result.get("notes") or ():
+        text += f"; {note}"
     return text

@@ -15,6 +15,9 @@ class ChangeState(ColouredChoices):
     APPLYING = "applying", "Applying", "blue"
     VERIFYING = "verifying", "Verifying", "blue"
     APPLIED = "applied", "Applied", "green"
+    # Applied and healthy, but the verification could not be compared with the baseline
+    # (different conditions, too few requests): kept, marked and notified, never "applied".
+    UNVERIFIED = "unverified", "Applied, not verified", "amber"
     ROLLED_BACK = "rolled_back", "Rolled back", "amber"
     FAILED = "failed", "Failed", "red"
 
@@ -32,6 +35,7 @@ FINISHED_STATES = frozenset(
         ChangeState.REJECTED,
         ChangeState.WITHDRAWN,
         ChangeState.APPLIED,
+        ChangeState.UNVERIFIED,
         ChangeState.ROLLED_BACK,
         ChangeState.FAILED,
     }
@@ -56,6 +60,7 @@ class Stage(models.TextChoices):
     """The steps of the apply pipeline, in the order they run, as the timeline shows them."""
 
     SNAPSHOT = "snapshot", "Snapshot current config"
+    PREPARE = "prepare", "Restart before the baseline"
     BASELINE = "baseline", "Baseline benchmark"
     APPLY = "apply", "Apply config"
     RESTART = "restart", "Restart engine"
@@ -71,3 +76,4 @@ class StageStatus(ColouredChoices):
     SUCCEEDED = "succeeded", "Succeeded", "green"
     FAILED = "failed", "Failed", "red"
     SKIPPED = "skipped", "Skipped", "grey"
+    INCONCLUSIVE = "inconclusive", "Inconclusive", "amber"

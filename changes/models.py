@@ -35,10 +35,11 @@ TRANSITIONS: dict[ChangeState, frozenset[ChangeState]] = {
     # Back to pending: a rebase onto a newer running config voids the approvals.
     S.APPROVED: frozenset({S.APPLYING, S.PENDING, S.WITHDRAWN}),
     S.APPLYING: frozenset({S.VERIFYING, S.APPLIED, S.ROLLED_BACK, S.FAILED}),
-    S.VERIFYING: frozenset({S.APPLIED, S.ROLLED_BACK, S.FAILED}),
+    S.VERIFYING: frozenset({S.APPLIED, S.UNVERIFIED, S.ROLLED_BACK, S.FAILED}),
     S.REJECTED: frozenset(),
     S.WITHDRAWN: frozenset(),
     S.APPLIED: frozenset(),
+    S.UNVERIFIED: frozenset(),
     S.ROLLED_BACK: frozenset(),
     S.FAILED: frozenset(),
 }
@@ -49,6 +50,7 @@ STAMPS = {
     S.REJECTED: "decided_at",
     S.APPLYING: "apply_started_at",
     S.APPLIED: "finished_at",
+    S.UNVERIFIED: "finished_at",
     S.ROLLED_BACK: "finished_at",
     S.FAILED: "finished_at",
     S.WITHDRAWN: "finished_at",
@@ -184,6 +186,15 @@ class ChangeRequest(models.Model):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="+",
+    )
+    baseline_operation = models.ForeignKey(
+        "hosts.EngineOperation",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The restart before a fresh baseline: it starts from the cold cache the "
+        "verification will start from.",
     )
     rollback_operation = models.ForeignKey(
         "hosts.EngineOperation",

@@ -227,7 +227,7 @@ def abandon(change_pk: int, error: str) -> None:
 def _close_inline_work(change: ChangeRequest, why: str) -> None:
     """What this pipeline ran inline has no task of its own to close it: close it here, or
     the deployment would stay locked by a "running" operation or benchmark."""
-    for operation in (change.operation, change.rollback_operation):
+    for operation in (change.baseline_operation, change.operation, change.rollback_operation):
         if operation is not None and not operation.is_finished:
             host_operations.fail_operation(operation, why)
     for run in (change.baseline_run, change.verification_run):

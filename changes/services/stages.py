@@ -16,7 +16,7 @@ from django.db import transaction
 from django.urls import reverse
 
 from benchmarks.models import BenchmarkRun
-from changes import advice
+from benchmarks.services.results import error_threshold_problem
 from changes.choices import ChangeKind, ChangeState, Stage, StageStatus
 from changes.models import ChangeRequest
 from changes.rules import stale_message
@@ -111,8 +111,73 @@ class Snapshot(PipelineStage):
         )
 
 
+def _chosen_baseline(change: ChangeRequest) -> BenchmarkRun | None:
+    """The baseline run chosen for the change (or measured by an earlier attempt), when it may
+    be used for a verdict (``error_threshold_problem``); None: a fresh one is measured."""
+    run = change.baseline_run
+    return run if run is not None and error_threshold_problem(run) is None else None
+
+
+class Prepare(PipelineStage):
+    """Before a fresh baseline, restart the engine on its running config (the same operation
+    path as the apply's restart), so the baseline starts from the state the verification
+    will start from: a just-started engine with an empty prefix cache. Without it a baseline
+    on a warm engine, replaying prompts an earlier run already sent, is served from the
+    cache and makes any restarted config look slower (issue 14: "+1489 % TTFT p95").
+
+    A restart, not a cache reset: vLLM serves ``/reset_prefix_cache`` only with
+    ``VLLM_SERVER_DEV_MODE=1``, which also opens endpoints no production engine should
+    have, and does not say whether the reset happened; a restart works on every engine and
+    every transport and resets every cache, not only the prefix cache."""
+
+    stage = Stage.PREPARE
+
+    def is_done(self, change):
+        if not change.verify_profile_id or change.applied_config_id is not None:
+            return True
+        if change.snapshot_config_id is None or _chosen_baseline(change) is not None:
+            return True  # nothing runs to restart, or no baseline to measure
+        operation = change.baseline_operation
+        return operation is not None and operation.is_finished and change.baseline_run_id
+
+    def run(self, change):
+        config = change.snapshot_config
+        operation = change.baseline_operation
+        if operation is None or operation.is_finished:
+            self.record(
+                change,
+                StageStatus.STARTED,
+                f"restarting v{config.version} so that the baseline, like the verification, "
+                "starts right after a restart (cold cache)",
+            )
+            try:
+                operation = host_operations.request_operation(
+                    change.applied_by, change.deployment, "restart", enqueue=False
+                )
+            except host_operations.OperationRefused as exc:
+                raise StageFailed(f"{exc} Nothing was changed.", rollback=False) from None
+            change.baseline_operation = operation
+            change.save(update_fields=["baseline_operation"])
+        operation = run_inline(operation)
+        if operation.outcome != OperationOutcome.READY:
+            message = operation.error or operation.get_outcome_display()
+            raise StageFailed(
+                f"v{config.version} did not come back after the restart: {message}",
+                rollback=False,
+                reason=f"the restart of v{config.version} before the baseline failed: "
+                f"{message}. No new config was applied; the engine needs attention.",
+                detail=operation.engine_log[-4000:],
+                link=reverse("hosts:operation", args=[operation.pk]),
+            )
+        # Ready by the host's readiness rule (the operation waited for it); the baseline's
+        # load generator waits for the engine from where it sends, as the verification's does.
+        self.record(change, StageStatus.SUCCEEDED, f"the engine runs v{config.version}, cold")
+
+
 class Baseline(PipelineStage):
-    """The same load on the running config, unless a successful baseline run was chosen."""
+    """The same load on the running config, unless a usable baseline run was chosen (one that
+    succeeded within its error threshold); a chosen run that is not usable is replaced by a
+    fresh one, and said so."""
 
     stage = Stage.BASELINE
 
@@ -120,8 +185,8 @@ class Baseline(PipelineStage):
         return not change.verify_profile_id or change.applied_config_id is not None
 
     def run(self, change):
-        baseline = change.baseline_run
-        if baseline is not None and baseline.status == OperationStatus.SUCCEEDED:
+        baseline = _chosen_baseline(change)
+        if baseline is not None:
             self.record(
                 change,
                 StageStatus.SKIPPED,
@@ -129,6 +194,14 @@ class Baseline(PipelineStage):
                 link=verification.link(baseline),
             )
             return
+        if change.baseline_run is not None and change.baseline_run.is_finished:
+            problem = error_threshold_problem(change.baseline_run)
+            self.record(
+                change,
+                StageStatus.SKIPPED,
+                f"{change.baseline_run} cannot be the baseline: {problem}; measuring a fresh one",
+                link=verification.link(change.baseline_run),
+            )
         self.measure(change, "baseline", rollback=False)
 
 
@@ -249,8 +322,11 @@ class Verify(PipelineStage):
 
 
 class Compare(PipelineStage):
-    """The verification against the baseline, under the change's thresholds: a regression
-    (more errors, slower p95 TTFT or ITL beyond the limits) rolls the change back."""
+    """The verification against the baseline, under the change's thresholds, once their
+    conditions are shown to be the same (``verification.judge``): a regression (more errors,
+    slower p95 TTFT or ITL beyond the limits, an unusable verification) rolls the change back;
+    an inconclusive verdict (a warm cache against a cold one, another load, an unusable
+    baseline, too few requests) leaves it applied and marked not verified (``Done``)."""
 
     stage = Stage.COMPARE
 
@@ -260,25 +336,25 @@ class Compare(PipelineStage):
     def run(self, change):
         self.record(change, StageStatus.STARTED)
         run = change.verification_run
-        result = advice.verdict(
-            verification.numbers(change.baseline_run),
-            verification.numbers(run),
-            advice.Thresholds(
-                change.max_error_rate_increase,
-                change.max_ttft_p95_regression,
-                change.max_itl_p95_regression,
-            ),
-        )
+        result = verification.judge(change)
         change.comparison = result
         change.save(update_fields=["comparison"])
         link = verification.compare_link(change.baseline_run, run)
         if result["regressed"]:
             raise StageFailed("regression: " + result["reason"], rollback=True, link=link)
-        self.record(change, StageStatus.SUCCEEDED, verification.verdict_text(result), link=link)
+        status = (
+            StageStatus.INCONCLUSIVE
+            if result["outcome"] == "inconclusive"
+            else StageStatus.SUCCEEDED
+        )
+        self.record(change, status, verification.verdict_text(result), link=link)
 
 
 class Done(PipelineStage):
-    """The change is applied."""
+    """The change is applied; when its verification was inconclusive it is applied but not
+    verified: the config stays (it came up healthy and nothing shows harm, and a rollback is
+    itself a restart), the state, the outcome and the notification say it is unverified and
+    why, and a rollback is one proposal away."""
 
     stage = Stage.DONE
     rollback_reason = None
@@ -288,12 +364,18 @@ class Done(PipelineStage):
 
     def run(self, change):
         text = f"{change.deployment} runs v{change.applied_config.version}"
+        comparison = change.comparison or {}
+        if comparison.get("outcome") == "inconclusive":
+            text += f", not verified: {comparison.get('reason')}"
+            self.record(change, StageStatus.INCONCLUSIVE, text)
+            return finish(change, S.UNVERIFIED, text)
         self.record(change, StageStatus.SUCCEEDED, text)
         finish(change, S.APPLIED, text)
 
 
 STAGES: tuple[PipelineStage, ...] = (
     Snapshot(),
+    Prepare(),
     Baseline(),
     NewVersion(),
     Restart(),

@@ -17,7 +17,15 @@ from controlpanel.services import audit
 
 S = ChangeState
 
-NOTIFY_ON = {S.PENDING, S.APPROVED, S.REJECTED, S.APPLIED, S.ROLLED_BACK, S.FAILED}
+NOTIFY_ON = {
+    S.PENDING,
+    S.APPROVED,
+    S.REJECTED,
+    S.APPLIED,
+    S.UNVERIFIED,
+    S.ROLLED_BACK,
+    S.FAILED,
+}
 
 TITLES = {
     "propose": "Proposed",

@@ -10,10 +10,12 @@ from django.urls import reverse
 
 from benchmarks.models import BenchmarkRun
 from benchmarks.services import runs as benchmark_runs
+from benchmarks.services.results import error_threshold_problem
 from changes import advice
 from changes.models import ChangeRequest
+from hosts.choices import OperationOutcome
 from hosts.engines import readiness
-from hosts.models import Deployment
+from hosts.models import Deployment, EngineOperation
 
 
 def health_problem(deployment: Deployment) -> str | None:
@@ -70,6 +72,80 @@ def run_benchmark(change: ChangeRequest, purpose: str) -> tuple[BenchmarkRun | N
 def numbers(run: BenchmarkRun | None) -> dict:
     """The numbers the verdict reads (``benchmarks.metrics`` via ``advice``)."""
     return advice.run_numbers(run) if run is not None else {}
+
+
+def cache_state(run: BenchmarkRun) -> str:
+    """The engine's cache at the start of ``run``: ``cold`` when it is the first run since the
+    engine last (re)started through the panel, ``warm`` when other runs came before it since,
+    ``unknown`` when no such start is recorded before it (an imported run, an engine the
+    panel never restarted)."""
+    if run.started_at is None:
+        return advice.UNKNOWN
+    started = (
+        EngineOperation.objects.filter(
+            deployment_id=run.deployment_id,
+            outcome__in=(OperationOutcome.READY, OperationOutcome.ROLLED_BACK),
+            finished_at__lte=run.started_at,
+        )
+        .order_by("-finished_at")
+        .values_list("finished_at", flat=True)
+        .first()
+    )
+    if started is None:
+        return advice.UNKNOWN
+    before = BenchmarkRun.objects.filter(
+        deployment_id=run.deployment_id, started_at__gte=started, started_at__lt=run.started_at
+    ).exclude(pk=run.pk)
+    return advice.WARM if before.exists() else advice.COLD
+
+
+def conditions(run: BenchmarkRun | None) -> dict:
+    """What ``run`` measured under, for ``advice.compare_conditions``: its load (profile
+    version), the engine's cache state at its start, the prefix-cache hit rate and KV use the
+    engine reported, its errors and whether it may be used for a verdict at all
+    (``benchmarks.services.results.error_threshold_problem``)."""
+    if run is None:
+        return {"problem": "there is no run"}
+    server = run.server if isinstance(run.server, dict) else {}
+
+    def share(key):
+        value = server.get(key)
+        return float(value) if isinstance(value, int | float) and value == value else None
+
+    profile = run.load_profile
+    return {
+        "profile": f"{profile.name} v{profile.version}" if profile is not None else None,
+        "cache_state": cache_state(run),
+        "prefix_cache_hit_rate": share("prefix_cache_hit_rate"),
+        "kv_cache_usage_max": share("kv_cache_usage_max"),
+        "error_rate": run.error_rate,
+        "requests": run.completed,
+        "problem": error_threshold_problem(run),
+    }
+
+
+def judge(change: ChangeRequest) -> dict:
+    """The verdict on ``change``: its verification against its baseline, numbers and
+    conditions, under its thresholds (``advice.verdict``)."""
+    baseline, run = change.baseline_run, change.verification_run
+    engine = change.deployment.engine
+    return advice.verdict(
+        numbers(baseline),
+        numbers(run),
+        advice.Thresholds(
+            change.max_error_rate_increase,
+            change.max_ttft_p95_regression,
+            change.max_itl_p95_regression,
+        ),
+        (conditions(baseline), conditions(run)),
+        cache_changed=advice.alters_cache(engine, _changed_flags(change)),
+    )
+
+
+def _changed_flags(change: ChangeRequest) -> set[str]:
+    before = change.snapshot_config.settings if change.snapshot_config else {}
+    after = change.applied_config.settings if change.applied_config else change.settings
+    return {key for key in set(before) | set(after) if before.get(key) != after.get(key)}
 
 
 def run_numbers(run: BenchmarkRun) -> str:

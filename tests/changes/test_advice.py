@@ -284,8 +284,9 @@ def test_verdict_text_says_how_far_each_number_moved():
     unmeasured = advice.verdict({}, {"error_rate": 0.0}, LIMITS)
     # Nothing to compare latencies with: said, not passed off as "within limits".
     assert advice.verdict_text(unmeasured) == (
-        "within limits; not judged (not measured): TTFT p95, ITL p95"
+        "inconclusive: not judged: TTFT p95 (not measured), ITL p95 (not measured)"
     )
+    assert unmeasured["outcome"] == "inconclusive" and not unmeasured["regressed"]
 
 
 def test_a_latency_from_zero_is_an_unbounded_regression():

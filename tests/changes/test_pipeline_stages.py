@@ -32,6 +32,7 @@ class FakeHost:
     def __init__(self):
         self.script: list[ApplyOutcome] = []
         self.applied: list[dict] = []
+        self.restarts = 0  # the restart before a fresh baseline
         self.state = "ready"
 
     def apply_config(self, name, launch, *, previous, ready_timeout_s):
@@ -40,6 +41,10 @@ class FakeHost:
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
+
+    def restart_engine(self, name, *, ready_timeout_s):
+        self.restarts += 1
+        return ApplyOutcome("ready")
 
     def engine_status(self, name):
         return {"name": name, "state": self.state}
@@ -67,6 +72,7 @@ class Bench:
             self.during[purpose](change)
         run = make_finished_run(
             change.deployment,
+            load_profile=change.verify_profile,
             status=self.status[purpose],
             error="engine gone" if self.status[purpose] != "succeeded" else "",
             **self.numbers[purpose],
@@ -154,7 +160,7 @@ def test_a_good_change_runs_every_stage_in_order(
     change = run(applying(operator, approver, deployment))
 
     assert change.state == "applied", change.outcome
-    order = ["snapshot", "baseline", "apply", "restart", "health", "verify", "compare"]
+    order = ["snapshot", "prepare", "baseline", "apply", "restart", "health", "verify", "compare"]
     assert steps(change) == [
         step for name in order for step in ((name, "started"), (name, "succeeded"))
     ] + [("done", "succeeded")]
@@ -162,7 +168,9 @@ def test_a_good_change_runs_every_stage_in_order(
     deployment.refresh_from_db()
     assert deployment.active_config == change.applied_config
     assert change.comparison["regressed"] is False
+    assert change.comparison["outcome"] == "verified"
     assert bench.calls == ["baseline", "verification"]
+    assert host.restarts == 1  # before the baseline: it starts cold, as the verification does
 
 
 def test_without_a_profile_verification_is_skipped(operator, approver, deployment, host, health):
@@ -200,7 +208,8 @@ def test_a_failed_baseline_changes_nothing(operator, approver, deployment, host,
 
 
 def test_a_refused_restart_changes_nothing(operator, approver, deployment, host, health, bench):
-    change = applying(operator, approver, deployment)
+    # Without a profile: the restart before a baseline (refused the same way) is not run.
+    change = applying(operator, approver, deployment, verify=False)
     EngineOperation.objects.create(
         deployment=deployment, kind="restart", config=deployment.active_config, status="running"
     )
