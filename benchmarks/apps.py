@@ -12,4 +12,9 @@ class BenchmarksConfig(AppConfig):
     name = "benchmarks"
 
     def ready(self):
+        from benchmarks.services import runs
+        from hosts.services import occupancy
+
         post_migrate.connect(_builtin_profiles, sender=self)
+        # A run queued or running holds its deployment (see hosts.services.occupancy).
+        occupancy.register("benchmarks.run", runs.occupants)

@@ -129,7 +129,9 @@ class ProfileForm(forms.Form):
     slo_e2el = forms.FloatField(required=False, label="E2E latency SLO (ms)")
     seed = forms.IntegerField(required=False)
     max_error_rate_pct = forms.FloatField(
-        required=False, label="Stop above error rate (%)", help_text="Blank: never stop early."
+        required=False,
+        label="Stop above error rate (%)",
+        help_text="Blank: the panel's default. Above it the run stops early and fails.",
     )
     ignore_eos = forms.BooleanField(
         required=False, label="Ignore EOS (always generate the full output length)"

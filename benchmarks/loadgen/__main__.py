@@ -248,6 +248,8 @@ def print_summary(data: dict) -> None:
         print(f"{'Errors':<40}{data['errors_by_class']}")
     if data.get("stopped_early"):
         print(f"{'Stopped early':<40}{data['stopped_early']}")
+    if data.get("failures"):
+        print(f"{'Failures':<40}{data['failures']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,7 +301,10 @@ def finish(args, result) -> int:
         with open(path, "w") as handle:
             handle.write(result.to_json(indent=2))
         print(f"Saved {path}")
-    return 130 if result.cancelled else 0
+    if result.cancelled:
+        return 130
+    # A run the engine's failures stopped measured no working engine: scripts must see that.
+    return 3 if result.stopped_on_errors else 0
 
 
 if __name__ == "__main__":

@@ -16,6 +16,10 @@ Document (every key optional; ``normalize`` fills the defaults)::
      "seed": 0, "ignore_eos": true, "max_error_rate": null, "request_timeout_s": 600,
      "replay": null | {"rows": [[t, input_tokens, output_tokens, prefix_id|null], ...],
                        "time_scale": 1.0}}
+
+``max_error_rate`` is the share of failed requests (0 to 1) above which a run stops early and
+fails: the engine, not the load, would decide its numbers. ``null`` leaves it to the panel's
+default (``BENCHMARK_MAX_ERROR_PERCENT``); ``1`` never stops on the rate.
 """
 
 from __future__ import annotations

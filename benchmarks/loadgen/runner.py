@@ -20,7 +20,13 @@ from benchmarks.loadgen.client import CLOCK, make_client, request_body, send
 from benchmarks.loadgen.dataset import Prompt, PromptFactory, load_trace
 from benchmarks.loadgen.scrape import Scraper
 from benchmarks.loadgen.spec import LoadSpec, Stage
-from benchmarks.loadgen.stats import RequestRecord, percentile, summarize
+from benchmarks.loadgen.stats import (
+    ErrorWindow,
+    RequestRecord,
+    engine_state,
+    percentile,
+    summarize,
+)
 from benchmarks.loadgen.transport import FastTransport, new_event_loop_factory
 from hosts.engines import readiness
 
@@ -36,6 +42,26 @@ class LoadGenError(RuntimeError):
     """The run could not start (unreachable server, unknown model, bad spec)."""
 
 
+@dataclass(frozen=True)
+class ErrorStop:
+    """When a run stops because the engine fails, not because its load is done: more than
+    ``max_error_rate`` of the last ``window`` finished requests failed (judged once ``window``
+    have finished), or the first ``no_success`` finished requests all failed (an engine dead
+    from the start is named within a few requests, before a window fills). None turns a rule
+    off. Sending on at a dead engine measures nothing and hides the one fact that matters.
+
+    The spec's ``max_error_rate`` and ``min_requests_for_error_rate`` give the command line's
+    rule; the panel passes its own (the profile's limit, else its default)."""
+
+    max_error_rate: float | None = None
+    window: int = 20
+    no_success: int | None = None
+
+    @classmethod
+    def of(cls, spec: LoadSpec) -> ErrorStop:
+        return cls(spec.max_error_rate, spec.min_requests_for_error_rate)
+
+
 @dataclass
 class Result:
     """One load test's outcome: summary, per-stage summaries, timeline, server view."""
@@ -48,6 +74,10 @@ class Result:
     started_at: str
     cancelled: bool = False
     stopped_early: str | None = None
+    # Set when the ErrorStop rule stopped the run: why, naming the engine's state.
+    stopped_on_errors: str | None = None
+    # What the failed requests say about the engine (engine_state), None when none failed.
+    failures: str | None = None
     records: list[dict] | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -72,6 +102,8 @@ class Result:
             "server": self.server,
             "cancelled": self.cancelled,
             "stopped_early": self.stopped_early,
+            "stopped_on_errors": self.stopped_on_errors,
+            "failures": self.failures,
             "notes": self.notes,
             "spec": self.spec,
         }
@@ -90,11 +122,21 @@ def _json_default(value):
 
 
 class LoadRun:
-    """One execution of a LoadSpec. ``cancel()`` may be called from any task or thread."""
+    """One execution of a LoadSpec. ``cancel()`` may be called from any task or thread;
+    ``error_stop`` ends it early when the engine fails (``ErrorStop.of(spec)`` by default)."""
 
-    def __init__(self, spec: LoadSpec, on_progress=None, shard: tuple[int, int] = (0, 1)):
+    def __init__(
+        self,
+        spec: LoadSpec,
+        on_progress=None,
+        shard: tuple[int, int] = (0, 1),
+        error_stop: ErrorStop | None = None,
+    ):
         spec.validate()
         self.spec = spec
+        self.error_stop = error_stop or ErrorStop.of(spec)
+        self.error_window = ErrorWindow(self.error_stop.window)
+        self.stopped_on_errors: str | None = None
         # Worker ``shard[0]`` of ``shard[1]`` takes request indices shard[0], +shard[1], ...
         self.shard = shard
         self.on_progress = on_progress
@@ -271,7 +313,8 @@ class LoadRun:
                 self._tick_ttfts.append(sample)
             else:
                 self.failed += 1
-        self._check_error_rate()
+            self.error_window.add(record)
+            self._check_errors()
 
     async def _send(self, record: RequestRecord, body: dict) -> None:
         self.in_flight.add(record)
@@ -290,16 +333,23 @@ class LoadRun:
             self.in_flight.discard(record)
             self._finished_chunks += len(record.chunk_times)
 
-    def _check_error_rate(self) -> None:
-        limit = self.spec.max_error_rate
-        done = self.completed + self.failed
-        if limit is None or self.stopping or done < self.spec.min_requests_for_error_rate:
+    def _check_errors(self) -> None:
+        """Stop the run when ``error_stop`` says the engine is failing; the reason names the
+        engine's state as the failures in the window show it."""
+        rule, window = self.error_stop, self.error_window
+        if self.stopping:
             return
-        rate = self.failed / done
-        if rate > limit:
-            self._cancel_now(
-                f"error rate {rate:.0%} over the limit of {limit:.0%} after {done} requests"
+        if rule.no_success is not None and self.completed == 0 and self.failed >= rule.no_success:
+            reason = f"none of the first {self.failed} requests succeeded"
+        elif rule.max_error_rate is not None and window.full and window.rate > rule.max_error_rate:
+            reason = (
+                f"error rate {window.rate:.0%} over the last {len(window.records)} requests, "
+                f"above the limit of {rule.max_error_rate:.0%}"
             )
+        else:
+            return
+        self.stopped_on_errors = f"{reason}; {engine_state(window.records, self.url)}"
+        self._cancel_now(self.stopped_on_errors)
 
     async def _warmup(self) -> None:
         self.stage_name = "warmup"
@@ -465,6 +515,7 @@ class LoadRun:
         summary["cancelled_requests"] = len(self.records) - len(kept)
         summary["warmup_requests"] = sum(1 for r in self.records if r.warmup)
         summary["timestamps"] = self.transport.stamp_source or "read"
+        measured = [r for r in kept if not r.warmup]
         return Result(
             spec=self.spec.to_dict(),
             summary=summary,
@@ -474,6 +525,8 @@ class LoadRun:
             started_at=started_at,
             cancelled=self.cancelled,
             stopped_early=self.stopped_early,
+            stopped_on_errors=self.stopped_on_errors,
+            failures=engine_state(measured, self.url),
             records=[r.to_dict() for r in self.records] if self.spec.record_requests else None,
             notes=self.notes,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 PERCENTILES = (50, 90, 95, 99, 99.9)
@@ -194,3 +195,57 @@ def _max_tokens_per_second(records: list[RequestRecord]) -> float:
         for t in r.chunk_times:
             buckets[int(t)] = buckets.get(int(t), 0) + 1
     return float(max(buckets.values(), default=0))
+
+
+# --- what failures say about the engine ----------------------------------------------------------
+class ErrorWindow:
+    """The outcomes of the last ``size`` finished requests. A rate over this window reacts to
+    an engine that fails mid-run within ``size`` requests; the run-long rate of a run that was
+    healthy for an hour would take as long again to cross a limit."""
+
+    def __init__(self, size: int):
+        self.records: deque[RequestRecord] = deque(maxlen=max(1, size))
+        self.failed = 0
+
+    def add(self, record: RequestRecord) -> None:
+        if len(self.records) == self.records.maxlen and not self.records[0].ok:
+            self.failed -= 1
+        self.records.append(record)
+        if not record.ok:
+            self.failed += 1
+
+    @property
+    def full(self) -> bool:
+        return len(self.records) == self.records.maxlen
+
+    @property
+    def rate(self) -> float:
+        return self.failed / len(self.records) if self.records else 0.0
+
+
+def engine_state(records, url: str) -> str | None:
+    """What the failed requests among ``records`` say about the engine at ``url``, in the
+    words an operator acts on: unreachable, answering an HTTP error, timing out, sending broken
+    streams. The most common failure names it, with its share of ``records``. None when none
+    failed."""
+    records = list(records)
+    failed = [r for r in records if not r.ok]
+    if not failed:
+        return None
+    groups: dict[tuple[str, int | None], list[RequestRecord]] = {}
+    for record in failed:
+        key = (record.error_class or "error", record.status if record.status else None)
+        groups.setdefault(key, []).append(record)
+    (error_class, status), members = max(groups.items(), key=lambda item: len(item[1]))
+    share = f"{len(members) / len(records):.0%} of {len(records)} requests"
+    example = members[-1].error[:160]
+    if error_class == "connection":
+        return f"engine unreachable at {url} ({share}): {example}"
+    if error_class.startswith("http_") and status:
+        detail = example.split(": ", 1)[1] if ": " in example else ""
+        return f"engine answered HTTP {status} for {share}" + (f": {detail}" if detail else "")
+    if error_class == "timeout":
+        return f"engine did not answer in time for {share}: {example}"
+    if error_class == "malformed_stream":
+        return f"engine sent broken streams for {share}: {example}"
+    return f"{error_class} for {share}: {example}"

@@ -1,6 +1,9 @@
 """Starting, stopping and resuming a change's apply pipeline (the pipeline itself runs on a
 worker: ``changes.services.pipeline``). One change per deployment at a time: a row lock plus a
-partial unique index on the states that hold the deployment's lock."""
+partial unique index on the states that hold the deployment's lock. A change holding it
+occupies the deployment for everything else too (``occupants``, registered with
+``hosts.services.occupancy`` by ``ChangesConfig.ready``): only its own pipeline restarts or
+measures the engine until the change ends."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from django.conf import settings as conf
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from benchmarks.models import BenchmarkRun
 from benchmarks.services import runs as benchmark_runs
 from changes import rules
 from changes.choices import LOCK_STATES, ChangeState
@@ -18,7 +22,8 @@ from changes.rules import ChangeRefused
 from changes.services.timeline import locked, record, transition
 from controlpanel import timelimits
 from controlpanel.jobs import enqueue_on_commit
-from hosts.models import ACTIVE_STATUSES, Deployment
+from hosts.models import Deployment, EngineOperation
+from hosts.services import occupancy
 
 S = ChangeState
 TASK = "changes.tasks.apply_change"
@@ -29,10 +34,38 @@ def lock_holder(deployment: Deployment) -> ChangeRequest | None:
     return ChangeRequest.objects.filter(deployment=deployment, state__in=LOCK_STATES).first()
 
 
+def occupants(deployment: Deployment) -> list[occupancy.Occupant]:
+    """The ``occupancy`` holder of this app: the change holding the deployment's lock, whose
+    parts (its benchmarks and engine operations) are its own pipeline's work."""
+    holder = lock_holder(deployment)
+    if holder is None:
+        return []
+    text = (
+        f"It is locked by change #{holder.pk} ({holder.title}), "
+        f"{holder.state_choice.label.lower()}: only the change's own pipeline restarts or "
+        "measures the engine until the change ends."
+    )
+    return [occupancy.Occupant(holder, text, _parts(holder))]
+
+
+def _parts(change: ChangeRequest) -> frozenset[occupancy.Key]:
+    """Every benchmark run and engine operation the change points at (its baseline, its
+    restarts, its verification, its rollback): its pipeline's own work, read off the foreign
+    keys so that a step added later is covered without being listed here."""
+    return frozenset(
+        (field.related_model._meta.label_lower, getattr(change, field.attname))
+        for field in ChangeRequest._meta.concrete_fields
+        if field.many_to_one
+        and field.related_model in (BenchmarkRun, EngineOperation)
+        and getattr(change, field.attname) is not None
+    )
+
+
 def apply_change(actor, change: ChangeRequest) -> ChangeRequest:
     """Start the apply pipeline of an approved change: one change per deployment at a time
     (row lock + partial unique index), only in its maintenance window, never on a stale base,
-    never while an operation or benchmark runs on the engine."""
+    never while anything else uses the engine (``hosts.services.occupancy``: an operation, a
+    benchmark, another change)."""
     try:
         with transaction.atomic():
             Deployment.objects.select_for_update(of=("self",)).get(pk=change.deployment_id)
@@ -54,19 +87,15 @@ def apply_change(actor, change: ChangeRequest) -> ChangeRequest:
 
 
 def _check_engine_free(change: ChangeRequest) -> None:
-    """What other rows forbid: another change's lock, the window, a running operation or
-    benchmark (either would make the baseline and the verification measure a moving target)."""
-    holder = lock_holder(change.deployment)
-    if holder is not None:
-        raise ChangeRefused(_lock_message(holder))
+    """What other rows forbid: anything occupying the deployment (another change's lock, an
+    operation or a benchmark: they would make the baseline and the verification measure a
+    moving target), or being outside the window."""
+    try:
+        occupancy.require_free(change.deployment, occupancy.Purpose.CHANGE, owner=change)
+    except occupancy.DeploymentBusy as busy:
+        raise ChangeRefused(str(busy)) from None
     if not change.in_window():
         raise ChangeRefused(_window_message(change))
-    busy = change.deployment.operations.filter(status__in=ACTIVE_STATUSES).first()
-    if busy is not None:
-        raise ChangeRefused(f"{busy} is under way: apply once the engine has settled.")
-    run = change.deployment.benchmark_runs.filter(status__in=benchmark_runs.ACTIVE).first()
-    if run is not None:
-        raise ChangeRefused(f"{run} is measuring the engine: apply once it has finished.")
 
 
 def _enqueue(change: ChangeRequest) -> None:

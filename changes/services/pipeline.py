@@ -189,7 +189,7 @@ def _request_rollback(change: ChangeRequest, snapshot, reason: str):
     record_stage(change, Stage.ROLLBACK, StageStatus.STARTED, message)
     try:
         operation = host_operations.request_operation(
-            None, change.deployment, "apply", snapshot, enqueue=False
+            None, change.deployment, "apply", snapshot, enqueue=False, owner=change
         )
     except host_operations.OperationRefused as exc:
         message = f"{reason}; the rollback could not start: {exc}"

@@ -270,7 +270,7 @@ class Restart(PipelineStage):
         self.record(change, StageStatus.STARTED, f"v{config.version}")
         try:
             operation = host_operations.request_operation(
-                change.applied_by, change.deployment, "apply", config, enqueue=False
+                change.applied_by, change.deployment, "apply", config, enqueue=False, owner=change
             )
         except host_operations.OperationRefused as exc:
             raise StageFailed(f"{exc} Nothing was changed.", rollback=False) from None

@@ -52,6 +52,7 @@ def run_benchmark(change: ChangeRequest, purpose: str) -> tuple[BenchmarkRun | N
             change.verify_profile,
             label=f"change #{change.pk} {purpose}",
             enqueue=False,
+            owner=change,
         )
     except benchmark_runs.RunRefused as exc:
         return None, f"the {purpose} benchmark could not start: {exc}"

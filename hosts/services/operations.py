@@ -15,6 +15,7 @@ from controlpanel.services import audit
 from hosts.choices import DeploymentStatus, OperationKind, OperationOutcome
 from hosts.engines.launch import LaunchConfig
 from hosts.models import ACTIVE_STATUSES, Deployment, EngineConfig, EngineOperation
+from hosts.services import occupancy
 from hosts.services.telemetry import ENGINE_STATES
 from hosts.services.transports import transport_for
 from hosts.transport.base import ApplyOutcome, TransportError
@@ -32,17 +33,22 @@ def request_operation(
     config: EngineConfig | None = None,
     *,
     enqueue: bool = True,
+    owner=None,
 ) -> EngineOperation:
-    """Queue an apply or restart: one at a time per deployment (row lock + the table's
-    partial unique constraint); the worker picks it up once this transaction commits.
-    ``enqueue=False`` only records the row, for a caller already on a worker that runs it
-    itself (``run_operation``), such as a change's apply pipeline."""
+    """Queue an apply or restart when nothing else uses the engine (``occupancy``: another
+    operation, a benchmark measuring it, a change holding its lock), under a row lock on the
+    deployment, the table's partial unique constraint behind it; the worker picks it up once
+    this transaction commits. ``owner``: the holder asking for it (a change's pipeline
+    restarting its own deployment). ``enqueue=False`` only records the row, for a caller
+    already on a worker that runs it itself (``run_operation``), such as that pipeline."""
+    purpose = occupancy.Purpose.APPLY if kind == OperationKind.APPLY else occupancy.Purpose.RESTART
     try:
         with transaction.atomic():
             deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
-            active = deployment.operations.filter(status__in=ACTIVE_STATUSES).first()
-            if active is not None:
-                raise OperationRefused(_busy(active))
+            try:
+                occupancy.require_free(deployment, purpose, owner=owner)
+            except occupancy.DeploymentBusy as busy:
+                raise OperationRefused(str(busy)) from None
             config = _config_for(deployment, kind, config)
             operation = EngineOperation.objects.create(
                 deployment=deployment,
@@ -85,9 +91,19 @@ def _busy(active: EngineOperation) -> str:
     who = active.requested_by or "the system"
     state = active.get_status_display().lower()
     return (
-        f"{active.get_kind_display()} #{active.pk} by {who} is {state} on "
-        f"{active.deployment}: one operation at a time per deployment."
+        f"{active.get_kind_display()} #{active.pk} by {who} is {state}: one operation at a "
+        "time per deployment, try again once the engine has settled."
     )
+
+
+def occupants(deployment: Deployment) -> list[occupancy.Occupant]:
+    """The ``occupancy`` holder of this module: an apply or restart queued or running."""
+    active = (
+        deployment.operations.filter(status__in=ACTIVE_STATUSES)
+        .select_related("requested_by")
+        .first()
+    )
+    return [] if active is None else [occupancy.Occupant(active, _busy(active))]
 
 
 # --- running -----------------------------------------------------------------------------------
