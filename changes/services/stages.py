@@ -152,7 +152,7 @@ class Prepare(PipelineStage):
             )
             try:
                 operation = host_operations.request_operation(
-                    change.applied_by, change.deployment, "restart", enqueue=False
+                    change.applied_by, change.deployment, "restart", enqueue=False, owner=change
                 )
             except host_operations.OperationRefused as exc:
                 raise StageFailed(f"{exc} Nothing was changed.", rollback=False) from None
