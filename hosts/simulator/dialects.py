@@ -8,6 +8,7 @@ its own it serves (SGLang's native endpoints).
 from __future__ import annotations
 
 import asyncio
+import os
 
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -45,6 +46,19 @@ class Dialect:
 class VllmDialect(Dialect):
     def error_payload(self, body: dict) -> dict:
         return {"error": body}  # vLLM ≥ 0.10.1 wraps errors in {"error": …}
+
+    def routes(self) -> list[Route]:
+        # vLLM serves its cache and sleep endpoints only in development mode
+        # (vllm/entrypoints/serve/dev: attach_router returns unless VLLM_SERVER_DEV_MODE).
+        if os.environ.get("VLLM_SERVER_DEV_MODE", "0") not in ("1", "true", "True"):
+            return []
+        return [Route("/reset_prefix_cache", self.reset_prefix_cache, methods=["POST"])]
+
+    async def reset_prefix_cache(self, request: HttpRequest) -> Response:
+        """Like vLLM: 200 with an empty body whether or not the cache was reset (vLLM refuses
+        while requests hold blocks, logs a warning and still answers 200)."""
+        self.runner.core.kv.reset_prefix_cache()
+        return Response(status_code=200)
 
     def max_tokens(self, prompt_len: int, requested: int | None) -> int:
         limit = self.cfg.max_model_len
