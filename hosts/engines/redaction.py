@@ -21,6 +21,9 @@ from hosts.engines.launch import SAFE_ENV
 # logs), so a reader learns to recognise it.
 MASK = "•••"
 ENV_PREFIX = "env."
+# Secret values shorter than this are not searched for in free text (engine output): they
+# would mask harmless words.
+MIN_SCRUBBED_CHARS = 6
 
 SECRET_SETTINGS = frozenset(
     flag.dest for module in ENGINES.values() for flag in module.SPEC.flags if flag.secret
@@ -76,3 +79,19 @@ def mask_argv(argv: Iterable[str]) -> list[str]:
             continue
         out.append(arg)
     return out
+
+
+def secret_values(settings: Mapping | None, env: Mapping | None) -> set[str]:
+    """The secret values of a config, to find them where an engine repeats them in its own
+    output (vLLM logs its non-default arguments, api_key included, at start)."""
+    values = {v for k, v in (settings or {}).items() if is_secret(k)}
+    values |= {v for k, v in (env or {}).items() if is_secret(k)}
+    return {v for v in values if isinstance(v, str) and len(v) >= MIN_SCRUBBED_CHARS}
+
+
+def scrub(text: str, values: Iterable[str]) -> str:
+    """``text`` with every occurrence of the given secret values masked (longest first, so a
+    value that contains another is masked whole)."""
+    for value in sorted(values, key=len, reverse=True):
+        text = text.replace(value, MASK)
+    return text

@@ -14,6 +14,7 @@ from controlpanel.realtime import group_name, publish
 from controlpanel.services import audit
 from hosts.choices import DeploymentStatus, OperationKind, OperationOutcome
 from hosts.engines.launch import LaunchConfig
+from hosts.engines.redaction import scrub, secret_values
 from hosts.models import ACTIVE_STATUSES, Deployment, EngineConfig, EngineOperation
 from hosts.services import occupancy
 from hosts.services.telemetry import ENGINE_STATES
@@ -133,9 +134,8 @@ def run_operation(operation: EngineOperation) -> EngineOperation:
             deployment, DeploymentStatus.UNKNOWN, f"host unreachable mid-operation: {exc}"
         )
         return _finish(operation, OperationOutcome.FAILED, f"{type(exc).__name__}: {exc}", [])
-    operation.append_log(
-        f"engine {outcome.state}" + (f": {outcome.error}" if outcome.error else "")
-    )
+    error = scrub(outcome.error, _hidden(operation)) if outcome.error else ""
+    operation.append_log(f"engine {outcome.state}" + (f": {error}" if error else ""))
     return _conclude(operation, outcome)
 
 
@@ -198,7 +198,19 @@ def _activate(operation: EngineOperation) -> None:
             )
 
 
+def _hidden(operation) -> set[str]:
+    """The secret values of both configs of an operation: engines repeat their arguments in
+    their output (vLLM logs --api-key's value at start), and that output is shown."""
+    values: set[str] = set()
+    for config in (operation.config, operation.previous_config):
+        if config is not None:
+            values |= secret_values(config.settings, config.env)
+    return values
+
+
 def _finish(operation, outcome: OperationOutcome, error: str, lines: list[str]):
+    hidden = _hidden(operation)
+    error, lines = scrub(error, hidden), [scrub(line, hidden) for line in lines]
     operation.outcome = outcome
     operation.engine_log = "\n".join(lines)[-20000:]
     operation.save(update_fields=["outcome", "engine_log"])

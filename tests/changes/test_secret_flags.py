@@ -302,3 +302,46 @@ def test_max_num_batched_tokens_round_trips_export_and_import(client, viewer, op
     compare = client.get(reverse("benchmarks:compare"), {"runs": [run.pk, copy.pk]})
     assert b"Config not recorded" not in compare.content
     assert compare.context["diff"]["unknown"] == []
+
+
+# --- what engines repeat of their arguments ----------------------------------------------------
+
+
+def test_engine_output_that_repeats_the_key_is_masked_in_the_operation_log(
+    client, operator, viewer, monkeypatch
+):
+    from hosts.services import operations
+    from hosts.transport.base import ApplyOutcome
+
+    deployment = make_deployment(make_host())
+    old = make_config(deployment, {"max_num_seqs": 64, "api_key": "sk-old-key-123"})
+    deployment.active_config = old
+    deployment.save()
+    new = make_config(deployment, {"max_num_seqs": 64, "api_key": SECRET})
+    # vLLM logs its non-default arguments at start, the key among them; the rollback's
+    # output repeats the previous key.
+    lines = [
+        f"INFO non-default args: {{'api_key': '{SECRET}', 'max_num_seqs': 64}}",
+        "INFO non-default args: {'api_key': 'sk-old-key-123'}",
+    ]
+
+    class Transport:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def apply_config(self, name, launch, *, previous, ready_timeout_s):
+            return ApplyOutcome("rolled_back", f"not ready; args {SECRET}", log_lines=lines)
+
+    monkeypatch.setattr(operations, "transport_for", lambda host, deployment=None: Transport())
+    operation = operations.request_operation(operator, deployment, "apply", new)
+    operations.run_operation(operation)
+    operation.refresh_from_db()
+    assert f"'api_key': '{MASK}'" in operation.engine_log and "max_num_seqs" in operation.engine_log
+    assert SECRET not in operation.engine_log + operation.error
+    assert "sk-old-key-123" not in operation.engine_log
+    client.force_login(viewer)
+    page = client.get(reverse("hosts:operation", args=[operation.pk])).content.decode()
+    assert SECRET not in page
