@@ -134,8 +134,13 @@ def run_operation(operation: EngineOperation) -> EngineOperation:
             deployment, DeploymentStatus.UNKNOWN, f"host unreachable mid-operation: {exc}"
         )
         return _finish(operation, OperationOutcome.FAILED, f"{type(exc).__name__}: {exc}", [])
-    error = scrub(outcome.error, _hidden(operation)) if outcome.error else ""
-    operation.append_log(f"engine {outcome.state}" + (f": {error}" if error else ""))
+    hidden = _hidden(operation)
+    # Everything after this point (log, deployment status, row) reads the masked outcome.
+    outcome.error = scrub(outcome.error or "", hidden)
+    outcome.log_lines = [scrub(line, hidden) for line in outcome.log_lines]
+    operation.append_log(
+        f"engine {outcome.state}" + (f": {outcome.error}" if outcome.error else "")
+    )
     return _conclude(operation, outcome)
 
 

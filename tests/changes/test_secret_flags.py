@@ -342,6 +342,8 @@ def test_engine_output_that_repeats_the_key_is_masked_in_the_operation_log(
     assert f"'api_key': '{MASK}'" in operation.engine_log and "max_num_seqs" in operation.engine_log
     assert SECRET not in operation.engine_log + operation.error
     assert "sk-old-key-123" not in operation.engine_log
+    deployment.refresh_from_db()
+    assert SECRET not in operation.log and SECRET not in deployment.status_detail
     client.force_login(viewer)
     page = client.get(reverse("hosts:operation", args=[operation.pk])).content.decode()
     assert SECRET not in page
