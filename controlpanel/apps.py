@@ -7,7 +7,10 @@ class ControlPanelConfig(AppConfig):
     verbose_name = "Control panel"
 
     def ready(self):
-        from controlpanel import checks  # noqa: F401 - registers the system checks
+        from controlpanel import (
+            checks,  # noqa: F401 - registers the system checks
+            signals,  # noqa: F401 - connects the login/logout receivers
+        )
         from controlpanel.roles import sync_roles_after_migrate
 
         post_migrate.connect(sync_roles_after_migrate, dispatch_uid="controlpanel.sync_roles")

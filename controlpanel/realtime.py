@@ -9,6 +9,7 @@ thread must hand the send to that loop instead of running it on a loop of its ow
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import threading
@@ -25,6 +26,15 @@ _lock = threading.Lock()
 
 def group_name(kind: str, pk) -> str:
     return f"{kind}-{pk}"
+
+
+def session_group(session_key: str) -> str:
+    """The group every socket opened with one login session joins (closed at its logout).
+
+    Named by a hash: group names are visible to whoever can list the channel layer's keys, and
+    a session key is as good as the password.
+    """
+    return "session-" + hashlib.sha256(session_key.encode()).hexdigest()[:40]
 
 
 def bind_server_loop(loop: asyncio.AbstractEventLoop) -> None:

@@ -62,6 +62,8 @@ ADMIN = Role(
     ("view", "add", "change", "delete"),
     extra=APPROVER.extra
     + (("hosts", "accept_host_key"), ("changes", "override_changerequest"))
+    # Lifting a login lockout early: the failed-login counters of django-axes.
+    + (("axes", "view_accessattempt"), ("axes", "delete_accessattempt"))
     # trust_remote_code and the like run code from outside the panel (changes.rules).
     + (("changes", "load_code_changerequest"),)
     + tuple(

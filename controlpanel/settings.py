@@ -10,12 +10,13 @@ processes (see docker-compose.yml). README.md documents every variable read here
 from __future__ import annotations
 
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from controlpanel import timelimits
+from controlpanel import private_files, timelimits
 from controlpanel.env import (
     EnvError,
     env_bool,
@@ -44,6 +45,9 @@ def _read():
     redis_url = env_url("REDIS_URL", None, ("redis", "rediss", "unix"))
     embedded = redis_url is None
     debug = env_bool("DEBUG", False)
+    if embedded:
+        # var/ holds the database (sessions), the secret key and the demo password: owner-only.
+        private_files.private_dir(var_dir)
 
     secret_key = env_secret("SECRET_KEY")
     if not secret_key:
@@ -62,6 +66,11 @@ def _read():
     except ValueError as exc:
         raise EnvError("DATABASE_URL", database_url, f"a database URL ({exc})") from None
     if database["ENGINE"] == "django.db.backends.sqlite3":
+        name = Path(str(database.get("NAME") or ""))
+        if str(name) not in ("", ":memory:") and name.parent.is_dir():
+            # Created owner-only before SQLite creates it world-readable (its -wal and -shm
+            # files take the database file's mode).
+            private_files.private_file(name)
         database.setdefault("OPTIONS", {}).update(
             {
                 # The embedded worker threads write while the web thread reads: WAL lets readers
@@ -131,18 +140,21 @@ def _read():
         "EMAIL_USE_TLS": env_bool("EMAIL_USE_TLS", False),
         "EMAIL_USE_SSL": env_bool("EMAIL_USE_SSL", False),
         "DEFAULT_FROM_EMAIL": env_str("DEFAULT_FROM_EMAIL", "llm-panel@localhost"),
+        "LOGIN_FAILURE_LIMIT": env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1),
+        "LOGIN_ADDRESS_FAILURE_LIMIT": env_int("LOGIN_ADDRESS_FAILURE_LIMIT", 20, minimum=1),
+        "LOGIN_LOCKOUT_MINUTES": env_int("LOGIN_LOCKOUT_MINUTES", 15, minimum=1),
     }
 
 
 def _embedded_secret_key(var_dir: Path) -> str:
     """A key kept under var/ so logins survive restarts of the embedded panel."""
     path = var_dir / "secret_key"
-    if path.exists():
-        return path.read_text().strip()
-    var_dir.mkdir(parents=True, exist_ok=True)
-    key = secrets.token_urlsafe(50)
-    path.touch(mode=0o600)
-    path.write_text(key)
+    private_files.private_dir(var_dir)
+    private_files.private_file(path)
+    key = path.read_text().strip()
+    if not key:
+        key = secrets.token_urlsafe(50)
+        path.write_text(key)
     return key
 
 
@@ -164,6 +176,9 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "channels",
+    # Login throttling; before the panel's apps so its signal handlers have counted a failed
+    # login when controlpanel.signals audits it.
+    "axes",
     # The project's apps, bottom layer first; each imports only those listed before it
     # (import-linter contracts in pyproject.toml).
     "controlpanel",
@@ -184,6 +199,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.LoginRequiredMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes requires: turns a locked-out login into the lockout page (429).
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "controlpanel.urls"
@@ -213,6 +230,12 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+# The throttling backend comes first: it refuses a locked-out account or address before the
+# password is checked (controlpanel/accounts.py says what is counted).
+AUTHENTICATION_BACKENDS = [
+    "controlpanel.accounts.LoginThrottleBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
@@ -251,6 +274,23 @@ if _env["TRUST_X_FORWARDED_PROTO"]:
 SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 SESSION_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
+# Error pages (DEBUG=true) and error mails hide every secret setting and URL password.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "controlpanel.redaction.SecretsExceptionReporterFilter"
+
+# --- Login throttling (django-axes) ----------------------------------------------------------
+# An account is locked after LOGIN_FAILURE_LIMIT failures from any address, and an address
+# after LOGIN_ADDRESS_FAILURE_LIMIT failures for any accounts, for LOGIN_LOCKOUT_MINUTES after
+# the last failure. Admins unlock from the admin (Access attempts) or `manage.py axes_reset`.
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_FAILURE_LIMIT = _env["LOGIN_FAILURE_LIMIT"]
+LOGIN_ADDRESS_FAILURE_LIMIT = _env["LOGIN_ADDRESS_FAILURE_LIMIT"]
+AXES_COOLOFF_TIME = timedelta(minutes=_env["LOGIN_LOCKOUT_MINUTES"])
+AXES_HANDLER = "controlpanel.accounts.LoginThrottleHandler"
+AXES_LOCKOUT_CALLABLE = "controlpanel.accounts.lockout_response"
+# Attempts go to the audit log (controlpanel.signals); axes keeps no log of its own beyond the
+# counters, and none of successful logins.
+AXES_DISABLE_ACCESS_LOG = True
+AXES_VERBOSE = False  # no banner at every manage.py command
 
 # --- Celery --------------------------------------------------------------------------------
 REDIS_URL = _env["REDIS_URL"]
@@ -384,15 +424,25 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "filters": {"quiet_polls": {"()": "controlpanel.logfilters.QuietFrequentTasks"}},
+    "filters": {
+        "quiet_polls": {"()": "controlpanel.logfilters.QuietFrequentTasks"},
+        "redact": {"()": "controlpanel.logfilters.RedactSecrets"},
+    },
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
             "formatter": "plain",
-            "filters": ["quiet_polls"],
+            "filters": ["quiet_polls", "redact"],
         }
     },
     "root": {"handlers": ["console"], "level": _env["LOG_LEVEL"]},
-    # httpx logs every request at INFO: thousands a second during a load test.
-    "loggers": {"django.db.backends": {"level": "INFO"}, "httpx": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "INFO"},
+        # httpx logs every request at INFO: thousands a second during a load test.
+        "httpx": {"level": "WARNING"},
+        # uvicorn's access log (a password reset link's token is in its path) goes through the
+        # same redacting handler as everything else.
+        "uvicorn.access": {"handlers": ["console"], "propagate": False},
+        "uvicorn.error": {"handlers": ["console"], "propagate": False},
+    },
 }

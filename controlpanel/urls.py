@@ -5,15 +5,37 @@ that span the apps (the dashboard, the cost page) come from the top app, ``home`
 """
 
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 
-from controlpanel import views
+from controlpanel import accounts, views
+
+# django.contrib.auth.urls, spelled out: the reset pages exist only while mail goes out
+# through a mail server (controlpanel/accounts.py).
+account_patterns = [
+    path("login/", accounts.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("password_change/", auth_views.PasswordChangeView.as_view(), name="password_change"),
+    path(
+        "password_change/done/",
+        auth_views.PasswordChangeDoneView.as_view(),
+        name="password_change_done",
+    ),
+    path("password_reset/", accounts.password_reset, name="password_reset"),
+    path("password_reset/done/", accounts.password_reset_done, name="password_reset_done"),
+    path(
+        "reset/<uidb64>/<token>/",
+        accounts.password_reset_confirm,
+        name="password_reset_confirm",
+    ),
+    path("reset/done/", accounts.password_reset_complete, name="password_reset_complete"),
+]
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("audit/", views.audit_log, name="audit"),
     re_path(r"^audit/export\.(?P<fmt>csv|json)$", views.audit_export, name="audit_export"),
-    path("accounts/", include("django.contrib.auth.urls")),
+    path("accounts/", include(account_patterns)),
     path("admin/", admin.site.urls),
     path("hosts/", include("hosts.urls")),
     path("benchmarks/", include("benchmarks.urls")),

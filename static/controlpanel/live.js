@@ -44,6 +44,11 @@
           if (state) state.textContent = "not allowed";
           return;
         }
+        if (event.code === 4401) {
+          // The session ended (logout): a new socket would be refused.
+          if (state) state.textContent = "logged out";
+          return;
+        }
         if (state) state.textContent = "reconnecting…";
         setTimeout(open, retry);
         retry = Math.min(retry * 2, 30000);

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from controlpanel import private_files
 from controlpanel.celery import app
 from controlpanel.embedded import EmbeddedRuntime
 from hosts.demo import DemoFleet, bring_up
@@ -35,6 +36,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, host, port, demo, no_worker, demo_fleet, **options):
+        # Everything this process (and the demo agents it starts) writes from now on is
+        # owner-only, and what earlier runs left in var/ is made so: the database holds the
+        # sessions, var/ the secret key and the demo password.
+        private_files.private_umask()
+        private_files.private_dir(settings.VAR_DIR)
+        private_files.restrict_tree(settings.VAR_DIR)
         if demo:
             call_command("migrate", interactive=False, verbosity=0)
             call_command("collectstatic", interactive=False, verbosity=0)
@@ -82,6 +89,9 @@ class Command(BaseCommand):
                 workers=1,
                 lifespan="off",
                 log_level=settings.LOGGING["root"]["level"].lower(),
+                # Keep the panel's logging (settings.LOGGING): its handler redacts reset links
+                # and URL passwords, uvicorn's access log included.
+                log_config=None,
                 proxy_headers=True,
             )
         except SystemExit as exc:
