@@ -29,7 +29,12 @@ time; a wrong or missing token gets 401 ``{"error": "..."}``; bad input 400, unk
 
 Additions to those shapes (clients may ignore them): a 400 for a bad LaunchConfig also carries
 ``"errors": {field: message}`` (LaunchError.errors); an engine status carries ``"operation"``
-(the id of the apply/restart running on it, or None); an operation carries ``"steps"`` (its
+(the id of the apply/restart running on it, or None), ``"recovery"`` (``{"at", "message"}``:
+what the agent found at its start and did about it) and ``"interrupted"`` (an apply/restart a
+previous agent process died in: ``{"operation", "kind", "started_at", "found_at", "outcome"}``,
+kept until the next apply/restart), as do telemetry's engines, with ``"error"``; a state may
+be ``"conflict"`` (see State below), an operation's kind ``"adopt"`` or ``"recover"`` (the
+agent's own, at its start); an operation carries ``"steps"`` (its
 progress, one timestamped line per step). A second apply/restart while one runs on the same
 engine gets 409 naming the running operation; ``stop`` during an apply or restart cancels it
 (the operation ends ``failed``, "stopped by request"). Engines are stopped when the agent gets
@@ -48,8 +53,12 @@ Decisions (see the modules for the why):
   change what code loads (LD_*, PATH, PYTHONPATH, …) are refused in a config, and the agent's
   own secrets (…TOKEN, …SECRET…, …PASSWORD…, except HF tokens) are not passed to engines.
 - State (``--state-dir``, default a fresh temp dir): ``engines/<name>.json`` (mode 0600) holds
-  each engine's config and running pid. A restarted agent knows its engines (stopped until
-  restarted) and stops an engine a killed agent left running.
+  each engine's config, the process it runs (pid, start time, command line, digest of what was
+  launched) and the apply/restart under way; ``engines/<name>.out`` (0600) the engine's output,
+  which outlives the agent. A restarted agent adopts the engines it finds running as recorded,
+  reports ``conflict`` (and kills nothing) when a recorded process or the engine's port is now
+  something else, reports gone engines stopped (not restarted), and resolves an apply it was
+  killed in to the last good config (``supervisor``).
 - Telemetry: NVML when it initialises; ``--simulate GPU[:COUNT]`` reports simulated GPUs
   instead, even where NVML works (the demo must show the GPUs its simulator engines use).
 """
