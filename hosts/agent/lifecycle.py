@@ -189,16 +189,27 @@ class Lifecycle:
         self._finish(engine, op, "failed", error, lines)
 
     def recover(
-        self, engine: Engine, op: Operation, prepared: Prepared | None, timeout: float
+        self,
+        engine: Engine,
+        op: Operation,
+        prepared: Prepared | None,
+        timeout: float,
+        refused: str = "",
     ) -> None:
         """Finish what a killed agent left half done: stop the process it started for a
         config that was never confirmed ready, and start ``prepared`` (the last good config)
-        again when it ran before the operation; None leaves the engine stopped."""
+        again when it ran before the operation; None leaves the engine stopped (failed, with
+        ``refused`` as the reason, when the last good config cannot run any more)."""
         if engine.running():
             op.step(f"stopping pid {engine.pid}: its config was never confirmed ready")
             # "starting" when the last good config follows: the engine is on its way back,
             # not stopped for good (what a poll in between would otherwise report).
             self.stop_run(engine, final_state="starting" if prepared else "stopped")
+        if prepared is None and refused:
+            engine.mark_failed(refused, [])
+            self._settle(engine, refused)
+            self._finish(engine, op, "failed", refused)
+            return
         if prepared is None:
             message = "the engine did not run before the operation: left stopped"
             self._settle(engine, message)

@@ -294,6 +294,8 @@ class Supervisor:
                 "stop or restart the engine"
             )
             engine.recovered(engine.error)
+            if engine.interrupted is not None and not engine.interrupted.get("outcome"):
+                engine.interrupted["outcome"] = f"conflict: {engine.error}"
             return None
         engine.config = config
         engine.state = "starting"
@@ -305,15 +307,16 @@ class Supervisor:
         self.lifecycle.adopt(engine, op, timeout)
 
     def _recovery_work(self, engine: Engine, start: LaunchConfig | None, timeout: float):
-        prepared = None
+        prepared, refused = None, ""
         if start is not None:
             try:
                 prepared = self.prepare(engine.name, start.to_dict())
             except AgentError as exc:
-                engine.recovered(f"the config to go back to cannot run any more: {exc}")
+                refused = f"the config to go back to cannot run any more: {exc}"
+                engine.recovered(refused)
         if prepared is not None:
             engine.state = "starting"  # on its way back from the moment the agent is up
-        work = functools.partial(_recover_work, self.lifecycle)
+        work = functools.partial(_recover_work, self.lifecycle, refused=refused)
         return ("recover", work, prepared, timeout)
 
     def _port_conflict(self, engine: Engine) -> str:
@@ -585,5 +588,5 @@ def _pending(op: Operation, engine: Engine, config, previous, timeout: float) ->
     }
 
 
-def _recover_work(lifecycle: Lifecycle, engine, op, prepared, timeout) -> None:
-    lifecycle.recover(engine, op, prepared, timeout)
+def _recover_work(lifecycle: Lifecycle, engine, op, prepared, timeout, refused="") -> None:
+    lifecycle.recover(engine, op, prepared, timeout, refused=refused)

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import httpx
 import psutil
@@ -270,3 +271,76 @@ def test_the_output_file_of_an_engine_is_bounded_and_owner_only(tmp_path, monkey
     assert lines[-1] == "last line" and len(lines) == 301
     assert all(line == "x" * 1000 + f" {i}" for i, line in enumerate(lines[:-1]))
     assert out.read_text() == "last line\n"  # written at the new end, not after a hole
+
+
+def test_killed_before_the_old_engine_was_stopped_the_old_one_is_adopted(start_agent, engines_left):
+    first = start_agent("--simulate", "h100-sxm:2")
+    port = free_port()
+    with first.client() as client:
+        assert apply_and_wait(client, "eng", sim_config(port))["state"] == "ready"
+        pid = status_of(client, "eng")["pid"]
+    engines_left.append(pid)
+    kill_agent(first)
+    # What an agent killed right after accepting an apply leaves: the new config stored and
+    # pending, the old process still running.
+    path = first.state_dir / "engines" / "eng.json"
+    record = json.loads(path.read_text())
+    new = sim_config(port, max_model_len=4096)
+    record["pending"] = {
+        "operation": "feedc0de",
+        "kind": "apply",
+        "started_at": time.time(),
+        "ready_timeout_s": 60,
+        "config": new,
+        "previous": record["config"],
+        "previous_running": True,
+    }
+    record["config"] = new
+    path.write_text(json.dumps(record))
+
+    second = again(start_agent, first)
+    with second.client() as client:
+        status = settled(client, "eng")
+        assert status["state"] == "ready" and status["pid"] == pid
+        assert status["config"]["settings"]["max_model_len"] == 8192  # the last good one
+        assert status["interrupted"]["operation"] == "feedc0de"
+        assert status["interrupted"]["outcome"] == f"pid {pid} adopted: ready"
+
+
+def test_killed_with_nothing_running_the_last_good_config_is_started_again(tmp_path):
+    """In process: the record of an agent killed between stopping the old engine and
+    starting the new one (nothing runs); and of one whose engine did not run before."""
+    from hosts.agent.supervisor import Supervisor
+
+    port, idle_port = free_port(), free_port()
+    engines = tmp_path / "engines"
+    engines.mkdir(mode=0o700)
+    for name, was_running, p in (("eng", True, port), ("idle", False, idle_port)):
+        good, new = sim_config(p), sim_config(p, max_model_len=4096)
+        pending = {
+            "operation": f"op-{name}",
+            "kind": "apply",
+            "started_at": time.time(),
+            "ready_timeout_s": 30,
+            "config": new,
+            "previous": good,
+            "previous_running": was_running,
+        }
+        record = {"name": name, "config": new, "state": "stopped", "run": None}
+        (engines / f"{name}.json").write_text(json.dumps({**record, "pending": pending}))
+    supervisor = Supervisor(tmp_path)
+    try:
+        wait_for(lambda: supervisor.get("eng").operation is None, 60, what="the recovery")
+        eng = supervisor.get("eng").status()
+        assert eng["state"] == "ready" and eng["pid"], eng
+        assert eng["config"]["settings"]["max_model_len"] == 8192
+        assert "previous config runs again" in eng["interrupted"]["outcome"]
+        wait_for(lambda: supervisor.get("idle").operation is None, 60, what="the recovery")
+        idle = supervisor.get("idle").status()
+        assert idle["state"] == "stopped" and idle["pid"] is None
+        assert idle["config"]["settings"]["max_model_len"] == 8192
+        assert idle["interrupted"]["outcome"] == "stopped, as before the operation"
+        stored = json.loads((engines / "eng.json").read_text())
+        assert stored["pending"] is None and stored["run"]["pid"] == eng["pid"]
+    finally:
+        supervisor.shutdown()
