@@ -117,6 +117,9 @@ def test_a_good_change_is_applied_and_verified(fleet, operator, approver):
     assert stages(change) == [
         ("snapshot", "started"),
         ("snapshot", "succeeded"),
+        # The restart before the baseline: it starts cold, like the verification.
+        ("prepare", "started"),
+        ("prepare", "succeeded"),
         ("baseline", "started"),
         ("baseline", "succeeded"),
         ("apply", "started"),
