@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from benchmarks.models import BenchmarkRun, LoadProfile, Price
+from benchmarks.models import BenchmarkRun, ImportJob, LoadProfile, Price
 
 
 @admin.register(LoadProfile)
@@ -14,6 +14,15 @@ class BenchmarkRunAdmin(admin.ModelAdmin):
     list_display = ["__str__", "deployment", "load_profile", "status", "created_at"]
     list_filter = ["status", "source"]
     raw_id_fields = ["deployment", "engine_config", "load_profile"]
+
+
+@admin.register(ImportJob)
+class ImportJobAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "deployment", "status", "progress", "run", "created_at"]
+    list_filter = ["status"]
+    raw_id_fields = ["deployment", "engine_config", "run", "requested_by"]
+    # The file path and progress are the task's to write.
+    readonly_fields = ["path", "bytes_total", "bytes_read", "progress", "phase"]
 
 
 @admin.register(Price)

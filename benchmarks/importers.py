@@ -12,18 +12,36 @@ Two kinds of file are understood:
   lists (input_lens, output_lens, ttfts and itls in seconds, errors, start_times in newer
   versions).
 
-Both become what ``benchmarks.services.results.store_results`` takes: the load generator's
-document (summary keys at the top level, named as ``benchmarks.loadgen.stats.summarize``
-names them) plus per-request records shaped like ``RequestRecord.to_dict()``.
+Both become what the panel stores: the load generator's document (summary keys at the top
+level, named as ``benchmarks.loadgen.stats.summarize`` names them), and from the per-request
+part the compressed request log and the latency distributions (``benchmarks.records``).
+
+Files are read as a stream (ijson, the yajl C parser), never whole: a detailed file of a long
+run is hundreds of MB, and ``json.load`` of one grew a worker by over a gigabyte. The first
+pass keeps the summary and the per-request number lists (as arrays of doubles, one number a
+request) and skips the big parts — per-request token gaps (``itls``), generated texts, our own
+``records``; the second pass reads those one request at a time, builds each request's record,
+adds it to the log and the distributions and drops it. Memory is bounded by the number of
+requests, not by the file's size. Both passes report their progress in bytes.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import math
+import os
 import re
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import accumulate
 
+import ijson
+from ijson.common import ObjectBuilder
+
+from benchmarks import records as request_records
 from benchmarks.loadgen.stats import describe
 from benchmarks.metrics import LATENCIES, TTFT
 
@@ -51,6 +69,24 @@ DETAILED_EXTRA = (
 )
 MAX_TEXT = 500  # longest free-text header value kept from a vllm file (--metadata)
 
+# How the first pass treats a top-level list, by key. Number lists are kept one double a
+# request; these two are read in the second pass, one element at a time; the rest of the
+# per-request lists are skipped without being built.
+NUMBER_LISTS = ("ttfts", "input_lens", "output_lens", "start_times", "e2els", "latencies")
+SECOND_PASS = ("records", "itls")
+SKIPPED = tuple(k for k in DETAILED + DETAILED_EXTRA if k not in NUMBER_LISTS + SECOND_PASS)
+SKIPPED = tuple(k for k in SKIPPED if k != "errors")
+READ_SIZE = 64 * 1024  # bytes asked of the file at a time
+# Everything else (summary, spec, stages, timeline, panel) is built as Python values: this
+# many scalars at most, and nested at most this deep, so no file can make them unbounded.
+MAX_BUILT_VALUES = 2_000_000
+MAX_DEPTH = 64
+ERROR_TEXT = 2000  # characters of a per-request error kept (to classify it; 200 are stored)
+_NAN = float("nan")
+
+# (what it is doing, bytes read in this pass, share of the whole work): called as it reads.
+Progress = Callable[[str, int, float], None]
+
 
 @dataclass
 class Imported:
@@ -58,17 +94,29 @@ class Imported:
 
     kind: str  # LOADGEN or VLLM_BENCH
     document: dict  # the load generator's result document, without records
-    records: list[dict] | None  # RequestRecord.to_dict()-shaped, measured requests only
     model: str
     notes: list[str] = field(default_factory=list)
     spec: dict | None = None  # the LoadSpec the load generator ran, when the file says
     date: datetime | None = None  # when the run started, when the file says
     label: str = ""
     panel: dict = field(default_factory=dict)  # what an exporting panel added
+    # From the per-request part, when the file has one (``benchmarks.records``):
+    log: bytes | None = None  # the compressed request log, measured requests only
+    log_count: int = 0
+    distributions: dict | None = None
+
+
+def read(path: str | os.PathLike, progress: Progress | None = None) -> Imported:
+    """Read the result file at ``path`` as a stream; ``ValueError`` says what it is not.
+    ``progress(what, bytes_read, fraction)`` is called as bytes are read (two passes, each
+    half of the work; a file that needs one pass jumps to the end)."""
+    size = os.path.getsize(path)
+    return _read(lambda: open(path, "rb"), size, progress)  # noqa: SIM115 - closed by _read
 
 
 def parse(data) -> Imported:
-    """Recognise and read a result file's parsed JSON; ``ValueError`` says what it is not."""
+    """Recognise and read a result file's parsed JSON; ``ValueError`` says what it is not.
+    The same reader as ``read`` (the document is written out and streamed back)."""
     if isinstance(data, list):
         raise ValueError(
             "the file holds a list, not one result: import one run at a time "
@@ -76,21 +124,329 @@ def parse(data) -> Imported:
         )
     if not isinstance(data, dict):
         raise ValueError("not a benchmark result: expected a JSON object")
-    if "spec" in data and ("timeline" in data or "stages" in data) and "completed" in data:
-        return _loadgen(data)
-    if "completed" in data and ("backend" in data or "endpoint_type" in data or "model_id" in data):
-        return _vllm(data)
-    if "format" in data and "spec" in data:
+    body = json.dumps(data).encode()
+    return _read(lambda: io.BytesIO(body), len(body), None)
+
+
+def _read(opener: Callable[[], io.RawIOBase], size: int, progress: Progress | None) -> Imported:
+    total = 2 * max(size, 1)
+
+    def report(what: str, offset: int):
+        if progress is None:
+            return None
+        return lambda done: progress(what, done, (offset + done) / total)
+
+    non_finite = _has_non_finite(opener)
+    with _open(opener, non_finite, report("reading the file", 0)) as (stream, counted):
+        scanned = _scan(stream, counted)
+
+    def second_pass(prefix: str):
+        with _open(opener, non_finite, report("reading the per-request lists", size)) as (
+            stream,
+            counted,
+        ):
+            try:
+                yield from ijson.items(stream, prefix, buf_size=READ_SIZE, use_float=True)
+            except ijson.JSONError as exc:
+                raise _json_error(exc, counted) from None
+
+    present = scanned.present
+    if (
+        "spec" in present
+        and ("timeline" in present or "stages" in present)
+        and ("completed" in present)
+    ):
+        imported = _loadgen(scanned, second_pass)
+    elif "completed" in present and present & {"backend", "endpoint_type", "model_id"}:
+        imported = _vllm(scanned, second_pass)
+    elif "format" in present and "spec" in present:
         raise ValueError("this is a load profile export: import it on the load profiles page")
-    raise ValueError(
-        "not a result this panel reads: expected the load generator's JSON (keys spec, "
-        "stages, timeline, completed) or vllm bench serve --save-result JSON (keys backend, "
-        "model_id, completed, mean_ttft_ms, ...)"
-    )
+    else:
+        raise ValueError(
+            "not a result this panel reads: expected the load generator's JSON (keys spec, "
+            "stages, timeline, completed) or vllm bench serve --save-result JSON (keys "
+            "backend, model_id, completed, mean_ttft_ms, ...)"
+        )
+    if progress:
+        progress("read", size, 1.0)
+    return imported
+
+
+# --- the stream ---------------------------------------------------------------------------
+class _open:  # noqa: N801 - used as a context manager, like open()
+    """The file from its start (a UTF-8 byte order mark skipped), counting the bytes read
+    and, when the file has any, turning Python's non-JSON constants into JSON."""
+
+    def __init__(self, opener, non_finite: bool, report):
+        self.opener, self.non_finite, self.report = opener, non_finite, report
+
+    def __enter__(self):
+        self.raw = self.opener()
+        if self.raw.read(3) != b"\xef\xbb\xbf":
+            self.raw.seek(0)
+        counted = _Counting(self.raw, self.report)
+        return (_NonFiniteAsText(counted) if self.non_finite else counted), counted
+
+    def __exit__(self, *exc):
+        self.raw.close()
+
+
+class _Counting:
+    """A binary stream that counts what is read from it and reports it."""
+
+    def __init__(self, raw, report):
+        self.raw, self.report, self.done = raw, report, 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        if data:
+            self.done += len(data)
+            if self.report:
+                self.report(self.done)
+        return data
+
+
+_CONSTANTS = {b"NaN": b"null", b"Infinity": b'"inf"', b"-Infinity": b'"-inf"'}
+_OUTSIDE = re.compile(rb'"|NaN|-?Infinity')
+_STRING_BODY = re.compile(rb'(?:[^"\\]+|\\.)*', re.DOTALL)
+_LONGEST = max(map(len, _CONSTANTS))
+
+
+def _has_non_finite(opener) -> bool:
+    """Whether the bytes NaN or Infinity occur anywhere (a fast scan, in C): only then does
+    the file go through ``_NonFiniteAsText``."""
+    with opener() as raw:
+        tail = b""
+        while chunk := raw.read(READ_SIZE):
+            window = tail + chunk
+            if b"NaN" in window or b"Infinity" in window:
+                return True
+            tail = window[-_LONGEST:]
+    return False
+
+
+class _NonFiniteAsText:
+    """Reads like the stream it wraps, with ``NaN``, ``Infinity`` and ``-Infinity`` outside
+    strings made ``null``, ``"inf"`` and ``"-inf"`` (what ``json_safe`` makes of them).
+
+    Python's ``json`` writes them for non-finite floats — our CLI for an infinite request
+    rate, vllm for a percentile of nothing — but they are not JSON and the yajl parser
+    refuses them. Strings are skipped whole (a generated text may say "NaN"), across reads."""
+
+    def __init__(self, raw):
+        self.raw = raw
+        self.in_string = False
+        self.carry = b""  # bytes held back: a constant or an escape cut by the read
+        self.out = b""
+        self.eof = False
+
+    def read(self, size: int = -1) -> bytes:
+        while not self.eof and (size < 0 or len(self.out) < max(size, 1)):
+            chunk = self.raw.read(READ_SIZE)
+            if not chunk:
+                self.eof = True
+            self.out += self._convert(self.carry + chunk, final=not chunk)
+        if size < 0:
+            size = len(self.out)
+        data, self.out = self.out[:size], self.out[size:]
+        return data
+
+    def _convert(self, data: bytes, *, final: bool) -> bytes:
+        parts = []
+        i, n = 0, len(data)
+        self.carry = b""
+        while i < n:
+            if self.in_string:
+                j = _STRING_BODY.match(data, i).end()
+                if j < n and data[j] == 0x22:  # the closing quote
+                    parts.append(data[i : j + 1])
+                    self.in_string = False
+                    i = j + 1
+                    continue
+                if j < n and not final:  # a backslash whose escaped byte is not read yet
+                    parts.append(data[i:j])
+                    self.carry = data[j:]
+                    return b"".join(parts)
+                parts.append(data[i:])
+                break
+            found = _OUTSIDE.search(data, i)
+            if found is None:
+                keep = 0 if final else _partial_constant(data, i)
+                parts.append(data[i : n - keep])
+                self.carry = data[n - keep :]
+                break
+            token = found.group()
+            if token == b'"':
+                parts.append(data[i : found.end()])
+                self.in_string = True
+            else:
+                parts.append(data[i : found.start()])
+                parts.append(_CONSTANTS[token])
+            i = found.end()
+        return b"".join(parts)
+
+
+def _partial_constant(data: bytes, start: int) -> int:
+    """How many bytes at the end of ``data`` may begin a constant the next read completes."""
+    for size in range(min(_LONGEST - 1, len(data) - start), 0, -1):
+        end = data[-size:]
+        if any(constant.startswith(end) for constant in _CONSTANTS):
+            return size
+    return 0
+
+
+def _json_error(exc: Exception, counted: _Counting) -> ValueError:
+    # yajl's message runs over several lines with a quote of the text: its first line says it.
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ValueError(f"not valid JSON (near byte {counted.done:,}): {message}")
+
+
+# --- the first pass -----------------------------------------------------------------------
+class _Numbers:
+    """A per-request list of numbers as doubles (NaN: missing, or not a number)."""
+
+    def __init__(self, key: str):
+        self.item = f"{key}.item"
+        self.values = array("d")
+        self.all_numbers = True
+
+    def feed(self, prefix: str, event: str, value) -> None:
+        if prefix != self.item or event in ("end_map", "end_array"):
+            return  # inside an element that is a list or an object, or its end
+        if event == "number":
+            try:
+                self.values.append(float(value))
+                return
+            except OverflowError:
+                pass
+        self.values.append(_NAN)
+        self.all_numbers = False
+
+
+class _Errors:
+    """vllm's per-request error texts ("" for a success), the same text kept once."""
+
+    def __init__(self):
+        self.values: list[str] = []
+        self._texts: dict[str, str] = {}
+
+    def feed(self, prefix: str, event: str, value) -> None:
+        if prefix != "errors.item" or event in ("end_map", "end_array"):
+            return
+        if event == "string":
+            text = value[:ERROR_TEXT]
+        elif event in ("start_map", "start_array"):
+            text = "error"  # a structured error: failed, without a text we keep
+        else:
+            text = str(value) if value else ""  # null, false, 0: no error
+        self.values.append(self._texts.setdefault(text, text))
+
+
+class _Scanned:
+    """What the first pass keeps: the top-level values it built, the number lists, the
+    errors, and which per-request lists the file has."""
+
+    def __init__(self):
+        self.data: dict = {}
+        self.present: set[str] = set()
+        self.numbers: dict[str, _Numbers] = {}
+        self.errors: _Errors | None = None
+        self.lists: dict[str, bool] = {}  # SECOND_PASS key: whether it is a list
+        self.built_values = 0
+
+    def number_list(self, key: str, n: int):
+        """The list ``key`` if it has ``n`` entries; None when absent or empty (as vllm
+        leaves them); ``False`` when it is there but does not line up."""
+        if key in self.numbers:
+            values = self.numbers[key].values
+            return values if len(values) == n else (None if not values else False)
+        return False if self.data.get(key) else None
+
+    def begin(self, key: str, event: str, value):
+        """The first event of ``key``'s value: keep a scalar, or return what takes the rest
+        of the value's events (None: skip them)."""
+        if key in self.present and (
+            key in NUMBER_LISTS or key in SECOND_PASS or key in SKIPPED or key == "errors"
+        ):
+            raise ValueError(f"the file has the key {key!r} twice")
+        self.present.add(key)
+        container = event in ("start_map", "start_array")
+        if not container:
+            self.data[key] = value
+            return None
+        if key in SECOND_PASS:
+            self.lists[key] = event == "start_array"
+            return None
+        if key in SKIPPED:
+            return None
+        if event == "start_array" and key in NUMBER_LISTS:
+            self.numbers[key] = _Numbers(key)
+            return self.numbers[key].feed
+        if event == "start_array" and key == "errors":
+            self.errors = _Errors()
+            return self.errors.feed
+        return self._build(key, event, value)
+
+    def _build(self, key: str, event: str, value):
+        builder = ObjectBuilder()
+        builder.event(event, value)
+        depth = 1
+
+        def feed(prefix: str, event: str, value) -> None:
+            nonlocal depth
+            if event in ("start_map", "start_array"):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise ValueError(f"{key!r} is nested more than {MAX_DEPTH} levels deep")
+            elif event in ("end_map", "end_array"):
+                depth -= 1
+                if depth == 0:
+                    builder.event(event, value)
+                    self.data[key] = builder.value
+                    return
+            else:
+                self.built_values += 1
+                if self.built_values > MAX_BUILT_VALUES:
+                    raise ValueError(
+                        f"the file holds more than {MAX_BUILT_VALUES:,} values outside its "
+                        f"per-request lists (at {key!r}): not a result this panel reads"
+                    )
+            builder.event(event, value)
+
+        return feed
+
+
+def _scan(stream, counted: _Counting) -> _Scanned:
+    """The first pass. Each top-level key's value goes to what ``_Scanned.begin`` chose; a
+    value's events all have a non-empty prefix, the top level's an empty one."""
+    scanned = _Scanned()
+    key, feed, started = None, None, False
+    try:
+        for prefix, event, value in ijson.parse(stream, buf_size=READ_SIZE, use_float=True):
+            if prefix:
+                if started:
+                    if feed is not None:
+                        feed(prefix, event, value)
+                else:
+                    started = True
+                    feed = scanned.begin(key, event, value)
+            elif event == "map_key":
+                key, feed, started = value, None, False
+            elif event == "start_array":
+                raise ValueError(
+                    "the file holds a list, not one result: import one run at a time "
+                    "(vllm bench serve --append-result files hold several)"
+                )
+            elif event not in ("start_map", "end_map"):
+                raise ValueError("not a benchmark result: expected a JSON object")
+    except ijson.JSONError as exc:
+        raise _json_error(exc, counted) from None
+    return scanned
 
 
 # --- the load generator's own files -------------------------------------------------------
-def _loadgen(data: dict) -> Imported:
+def _loadgen(scanned: _Scanned, second_pass) -> Imported:
+    data = scanned.data
     if _number(data.get("completed")) is None:
         raise ValueError("load generator result: 'completed' must be a number")
     spec = json_safe(data["spec"]) if isinstance(data.get("spec"), dict) else None
@@ -102,35 +458,62 @@ def _loadgen(data: dict) -> Imported:
     document.setdefault("server", {"available": False})
     if not isinstance(document["stages"], dict) or not isinstance(document["timeline"], list):
         raise ValueError("load generator result: 'stages' must be an object, 'timeline' a list")
-    records = data.get("records")
     notes = []
-    if isinstance(records, list) and records:
-        if not all(isinstance(r, dict) for r in records):
-            raise ValueError("load generator result: 'records' must be a list of objects")
-        records = [r for r in records if not r.get("warmup")]
-    else:
-        records = None
-        if not panel.get("distributions"):
-            notes.append(
-                "the file has no per-request records (the CLI writes them with "
-                "--save-detailed): no latency distributions or request log"
-            )
+    log = _Log()
+    if scanned.lists.get("records"):
+        for record in second_pass("records.item"):
+            if not isinstance(record, dict):
+                raise ValueError("load generator result: 'records' must be a list of objects")
+            log.add(record)
+    if not log.writer.count and not panel.get("distributions"):
+        notes.append(
+            "the file has no per-request records (the CLI writes them with "
+            "--save-detailed): no latency distributions or request log"
+        )
     model = str(data.get("model_id") or (spec or {}).get("model") or "")
     return Imported(
         kind=LOADGEN,
         document=document,
-        records=records,
         model=model,
         notes=notes,
         spec=spec,
         date=_date(data.get("date")),
         label=str(panel.get("label") or "")[:100],
         panel=panel,
+        **log.parts(),
     )
 
 
+class _Log:
+    """The request log and the distributions, one record at a time."""
+
+    def __init__(self):
+        self.writer = request_records.LogWriter()
+        self.distributions = request_records.Distributions()
+        self.prompt_tokens = 0  # of the successes, for a file without total_input_tokens
+
+    def add(self, record: dict) -> None:
+        if record.get("warmup"):
+            return
+        derived = request_records.derived(record)
+        self.writer.add(record, derived)
+        self.distributions.add(record, derived)
+        if record.get("error_class") is None:
+            self.prompt_tokens += int(_number(record.get("prompt_tokens")) or 0)
+
+    def parts(self) -> dict:
+        if not self.writer.count:
+            return {}
+        return {
+            "log": self.writer.blob(),
+            "log_count": self.writer.count,
+            "distributions": self.distributions.result(),
+        }
+
+
 # --- vllm bench serve ---------------------------------------------------------------------
-def _vllm(data: dict) -> Imported:
+def _vllm(scanned: _Scanned, second_pass) -> Imported:
+    data = scanned.data
     notes = ["vllm bench serve files carry no per-second timeline and no engine metrics"]
     completed = _number(data.get("completed"))
     if completed is None:
@@ -139,9 +522,9 @@ def _vllm(data: dict) -> Imported:
     _vllm_counts(doc, data, int(completed), notes)
     backend = str(data.get("backend") or data.get("endpoint_type") or "")
     doc.setdefault("endpoint", "/v1/chat/completions" if "chat" in backend else "/v1/completions")
-    records = _vllm_records(data, notes)
-    if records:
-        _fill_from_records(doc, records, data, notes)
+    log = _vllm_log(scanned, second_pass, notes)
+    if log is not None:
+        _fill_from_log(doc, log, data, notes)
     else:
         notes.append(
             "the file has no per-request lists (vllm bench serve --save-detailed): no latency "
@@ -160,12 +543,12 @@ def _vllm(data: dict) -> Imported:
     return Imported(
         kind=VLLM_BENCH,
         document=doc,
-        records=records,
         model=str(data.get("model_id") or ""),
         notes=notes,
         spec=None,
         date=_date(data.get("date")),
         label=str(data.get("label") or "")[:100],
+        **(log.parts() if log is not None else {}),
     )
 
 
@@ -209,59 +592,73 @@ def _vllm_counts(doc: dict, data: dict, completed: int, notes: list[str]) -> Non
             doc["goodput_share"] = min(doc["request_goodput"] * duration / measured, 1.0)
 
 
-def _vllm_records(data: dict, notes: list[str]) -> list[dict] | None:
-    """Per-request records from vllm's detailed lists (all the same length: one entry per
-    request, failures included), or None when the file has none or they disagree."""
-    ttfts, itls = data.get("ttfts"), data.get("itls")
-    if not isinstance(ttfts, list) or not isinstance(itls, list) or not ttfts:
+def _vllm_log(scanned: _Scanned, second_pass, notes: list[str]) -> _Log | None:
+    """The request log from vllm's detailed lists (all the same length: one entry per
+    request, failures included), or None when the file has none or they disagree. The
+    token gaps (``itls``) are read in the second pass, one request at a time."""
+    ttfts = scanned.numbers.get("ttfts")
+    if ttfts is None or not scanned.lists.get("itls") or not ttfts.values:
         return None
-    n = len(ttfts)
-    input_lens = data.get("input_lens") or [None] * n
-    output_lens = data.get("output_lens") or [None] * n
-    errors = data.get("errors") or [""] * n
-    if not all(isinstance(x, list) and len(x) == n for x in (itls, input_lens, output_lens)):
+    n = len(ttfts.values)
+    input_lens = scanned.number_list("input_lens", n)
+    output_lens = scanned.number_list("output_lens", n)
+    if input_lens is False or output_lens is False:
         notes.append("the per-request lists have different lengths: they were not imported")
         return None
-    if not isinstance(errors, list) or len(errors) != n:
-        errors = [""] * n
+    errors = scanned.errors.values if scanned.errors is not None else None
+    if errors is not None and not errors:
+        errors = None  # an empty list, as vllm writes without --save-detailed: all ok
+    elif (errors is None and scanned.data.get("errors")) or (errors and len(errors) != n):
+        errors = None
         notes.append("the per-request errors do not line up with the requests: all are taken as ok")
-    sent, relative = _send_times(data, n, notes)
-    latencies = _latencies(data, n, notes)
-    return [
-        _vllm_record(
-            i,
-            errors[i],
-            _number(ttfts[i]),
-            itls[i],
-            sent[i],
-            _number(latencies[i]) if latencies is not None else None,
-            input_lens[i],
-            _number(output_lens[i]),
-            relative,
+    sent, relative = _send_times(scanned, n, notes)
+    latencies = _latencies(scanned, n, notes)
+    log = _Log()
+    count = 0
+    for i, gaps in enumerate(second_pass("itls.item")):
+        count += 1
+        if count > n:
+            break
+        log.add(
+            _vllm_record(
+                i,
+                errors[i] if errors is not None else "",
+                _value(ttfts.values[i]),
+                gaps if isinstance(gaps, list) else [],
+                sent[i] if sent is not None else 0.0,
+                _value(latencies[i]) if latencies is not None else None,
+                _value(input_lens[i]) if input_lens is not None else None,
+                _value(output_lens[i]) if output_lens is not None else None,
+                relative,
+            )
         )
-        for i in range(n)
-    ]
+    if count != n:
+        notes.append("the per-request lists have different lengths: they were not imported")
+        return None
+    return log
 
 
-def _send_times(data: dict, n: int, notes: list[str]) -> tuple[list[float], bool]:
+def _value(number: float) -> float | None:
+    return None if math.isnan(number) else number
+
+
+def _send_times(scanned: _Scanned, n: int, notes: list[str]) -> tuple[array | None, bool]:
     """Each request's send time from the first's, and whether they are unknown (then every
-    request counts from its own send: ``relative_times``)."""
-    starts = data.get("start_times")
-    if (
-        isinstance(starts, list)
-        and len(starts) == n
-        and all(_number(s) is not None for s in starts)
-    ):
-        t0 = min(float(s) for s in starts)
-        return [float(s) - t0 for s in starts], False
+    request counts from its own send: ``relative_times``; None stands for all zeros)."""
+    starts = scanned.numbers.get("start_times")
+    if starts is not None and len(starts.values) == n and starts.all_numbers:
+        t0 = min(starts.values)
+        return array("d", (s - t0 for s in starts.values)), False
     notes.append("the file has no send times: the request log has no scheduled/sent times")
-    return [0.0] * n, True
+    return None, True
 
 
-def _latencies(data: dict, n: int, notes: list[str]) -> list | None:
-    latencies = data.get("e2els") or data.get("latencies")
-    if isinstance(latencies, list) and len(latencies) == n:
-        return latencies
+def _latencies(scanned: _Scanned, n: int, notes: list[str]) -> array | None:
+    found = scanned.numbers.get("e2els")
+    if found is None or not found.values:
+        found = scanned.numbers.get("latencies")
+    if found is not None and len(found.values) == n:
+        return found.values
     notes.append(
         "end-to-end latency per request is TTFT + the sum of its inter-token gaps "
         "(the file has no per-request latency)"
@@ -272,13 +669,11 @@ def _latencies(data: dict, n: int, notes: list[str]) -> list | None:
 def _vllm_record(i, error, ttft, itls, start, latency, input_len, output, relative) -> dict:
     """One request as the load generator records it (``RequestRecord.to_dict()``)."""
     ok = not error
-    gaps = [g for g in (itls or []) if _number(g) is not None] if ok else []
+    gaps = _gaps(itls) if ok else ()
     first = start + ttft if ok and ttft is not None else None
     chunk_times = []
     if first is not None:
-        chunk_times = [first]
-        for gap in gaps:
-            chunk_times.append(chunk_times[-1] + float(gap))
+        chunk_times = list(accumulate(gaps, initial=first))
     if latency is not None:
         end = start + latency
     elif chunk_times:
@@ -307,6 +702,16 @@ def _vllm_record(i, error, ttft, itls, start, latency, input_len, output, relati
     }
 
 
+def _gaps(itls) -> array | list[float]:
+    """A request's token gaps in seconds, anything that is not a number left out."""
+    try:
+        # Made in C: a detailed file has millions of gaps. The parser yields no NaN or
+        # infinity, so a list that converts holds numbers only.
+        return array("d", itls or ())
+    except TypeError:
+        return [float(g) for g in itls if _number(g) is not None]
+
+
 def _error_class(text: str) -> str:
     lowered = text.lower()
     if "timeout" in lowered or "timed out" in lowered:
@@ -319,26 +724,14 @@ def _error_class(text: str) -> str:
     return "error"
 
 
-def _fill_from_records(doc: dict, records: list[dict], data: dict, notes: list[str]) -> None:
+def _fill_from_log(doc: dict, log: _Log, data: dict, notes: list[str]) -> None:
     """Percentiles the file does not have (p50/p90/p95, E2EL by default), from its lists."""
-    ok = [r for r in records if r["error_class"] is None]
-    values = {
-        "ttft": [r["first_token"] - r["sent"] for r in ok if r["first_token"] is not None],
-        "tpot": [
-            (r["end"] - r["first_token"]) / (r["output_tokens"] - 1)
-            for r in ok
-            if r["first_token"] is not None and r["output_tokens"] >= 2
-        ],
-        "itl": [
-            b - a for r in ok for a, b in zip(r["chunk_times"], r["chunk_times"][1:], strict=False)
-        ],
-        "e2el": [r["end"] - r["sent"] for r in ok],
-    }
     added = []
-    for metric, seconds in values.items():
-        if not seconds:
+    for latency in LATENCIES:
+        values, scale = log.distributions.collected(latency.key)
+        if not values:
             continue
-        for key, value in describe(seconds, metric).items():
+        for key, value in describe(values, latency.key, scale=scale).items():
             if key not in doc and not (isinstance(value, float) and math.isnan(value)):
                 doc[key] = value
                 added.append(key)
@@ -348,8 +741,14 @@ def _fill_from_records(doc: dict, records: list[dict], data: dict, notes: list[s
             f"{', '.join(shown)} percentiles not in the file were computed from its "
             "per-request lists"
         )
+        if not log.distributions.itl_complete and any("_itl_" in k for k in added):
+            notes.append(
+                f"ITL percentiles were computed from an even sample of "
+                f"{len(log.distributions.gaps):,} of its {log.distributions.gaps_total:,} "
+                "token gaps"
+            )
     if "total_input_tokens" not in data:
-        doc["total_input_tokens"] = sum(r["prompt_tokens"] or 0 for r in ok)
+        doc["total_input_tokens"] = log.prompt_tokens
 
 
 # --- helpers ------------------------------------------------------------------------------

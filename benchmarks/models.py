@@ -289,6 +289,46 @@ class RunRequestLog(models.Model):
         return f"{self.count} requests of {self.run}"
 
 
+class ImportJob(BackgroundOperation):
+    """One uploaded result file being read into a run in the background.
+
+    An upload of up to ``MAX_UPLOAD_BYTES`` is saved owner-only under ``VAR_DIR/imports``
+    (``path``) and read by a Celery task as a stream, so neither the web process nor the
+    worker ever holds the whole file. The task records how far it got (``bytes_read`` of
+    ``bytes_total``, ``phase``) for the import page to show, then links the ``run`` it made
+    or says in ``error`` why there is none. The file is deleted when the job ends, either way.
+    """
+
+    deployment = models.ForeignKey(
+        "hosts.Deployment", on_delete=models.CASCADE, related_name="import_jobs"
+    )
+    engine_config = models.ForeignKey(
+        "hosts.EngineConfig", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    label = models.CharField(max_length=100, blank=True)
+    filename = models.CharField(max_length=255, help_text="The uploaded file's name.")
+    path = models.CharField(
+        max_length=500, blank=True, help_text="The saved upload; empty once deleted."
+    )
+    bytes_total = models.BigIntegerField(default=0)
+    bytes_read = models.BigIntegerField(default=0)
+    progress = models.FloatField(default=0.0)
+    phase = models.CharField(max_length=60, blank=True, help_text="What the task is doing.")
+    run = models.OneToOneField(
+        BenchmarkRun,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="import_job",
+    )
+
+    def __str__(self) -> str:
+        return f"import #{self.pk} of {self.filename}"
+
+    def get_absolute_url(self) -> str:
+        return reverse("benchmarks:import_job", args=[self.pk])
+
+
 class Price(models.Model):
     """What an hour of an instance type costs under one pricing (on-demand, reserved, spot),
     and which hosts are that instance type. A host without a price here is priced at its own

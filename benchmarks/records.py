@@ -210,49 +210,70 @@ def _unshuffle(data: bytes, size: int) -> bytes:
     return bytes(out)
 
 
-def encode(records: list[dict]) -> bytes:
-    """The compressed, columnar log of ``records`` (``RequestRecord.to_dict()`` dicts).
-    Warm-up requests are dropped; failed ones are kept with their error."""
-    rows = measured(records)
-    stages, messages = _Table(), _Table()
-    classes = _Table("error", overflow=1)  # 0 is success: an overflow must stay a failure
-    cols = {name: array(code) for name, code in COLUMNS}
-    previous = 0
-    for r in rows:
+class LogWriter:
+    """The request log built one record at a time, for records that never sit in memory
+    together (an imported file read as a stream); ``encode`` is this over a list. Warm-up
+    requests are dropped; failed ones are kept with their error."""
+
+    def __init__(self):
+        self.stages, self.messages = _Table(), _Table()
+        self.classes = _Table("error", overflow=1)  # 0 is success: an overflow must stay a failure
+        self.cols = {name: array(code) for name, code in COLUMNS}
+        self.previous = 0
+        self.count = 0
+
+    def add(self, r: dict, derived_values: dict | None = None) -> None:
+        """Append one ``RequestRecord.to_dict()``-shaped record (``derived_values``: its
+        ``derived(r)``, when the caller has it already)."""
+        if r.get("warmup"):
+            return
+        cols = self.cols
         index = _int(r.get("index"), 0)
-        cols["index"].append(_int(index - previous, 0))
-        previous = index
-        cols["stage"].append(stages(str(r.get("stage") or "")))
+        cols["index"].append(_int(index - self.previous, 0))
+        self.previous = index
+        cols["stage"].append(self.stages(str(r.get("stage") or "")))
         cols["input_len"].append(_int(r.get("input_len"), 0))
         cols["prompt_tokens"].append(_int(r.get("prompt_tokens")))
         cols["output_tokens"].append(_int(r.get("output_tokens"), 0))
         cols["max_tokens"].append(_int(r.get("max_tokens")))
-        for key, value in derived(r).items():
+        for key, value in (derived_values or derived(r)).items():
             cols[key].append(value)
         status = _int(r.get("status"))
         cols["status"].append(status if -32768 <= status <= 32767 else -1)
         error_class = r.get("error_class")
         # 0 is success, so a failure without a class name is still a failure: "error".
         cols["error_class"].append(
-            0 if error_class is None else classes(str(error_class) or "error")
+            0 if error_class is None else self.classes(str(error_class) or "error")
         )
-        cols["error"].append(messages(str(r.get("error") or "")[:ERROR_MESSAGE_CHARS]))
+        cols["error"].append(self.messages(str(r.get("error") or "")[:ERROR_MESSAGE_CHARS]))
         cols["prefix_id"].append(_int(r.get("prefix_id")))
-    header = {
-        "count": len(rows),
-        "stages": stages.values,
-        "error_classes": classes.values,  # entry 0: success
-        "errors": messages.values,
-        "columns": [],
-    }
-    body = []
-    for name, code in COLUMNS:
-        data = _little(cols[name]).tobytes()
-        header["columns"].append([name, code, len(data)])
-        body.append(_shuffle(data, cols[name].itemsize))
-    head = json.dumps(header, separators=(",", ":")).encode()
-    payload = struct.pack("<I", len(head)) + head + b"".join(body)
-    return MAGIC + bytes([FORMAT_VERSION]) + zlib.compress(payload, 6)
+        self.count += 1
+
+    def blob(self) -> bytes:
+        header = {
+            "count": self.count,
+            "stages": self.stages.values,
+            "error_classes": self.classes.values,  # entry 0: success
+            "errors": self.messages.values,
+            "columns": [],
+        }
+        body = []
+        for name, code in COLUMNS:
+            data = _little(self.cols[name]).tobytes()
+            header["columns"].append([name, code, len(data)])
+            body.append(_shuffle(data, self.cols[name].itemsize))
+        head = json.dumps(header, separators=(",", ":")).encode()
+        payload = struct.pack("<I", len(head)) + head + b"".join(body)
+        return MAGIC + bytes([FORMAT_VERSION]) + zlib.compress(payload, 6)
+
+
+def encode(records: Iterable[dict]) -> bytes:
+    """The compressed, columnar log of ``records`` (``RequestRecord.to_dict()`` dicts).
+    Warm-up requests are dropped; failed ones are kept with their error."""
+    writer = LogWriter()
+    for r in records:
+        writer.add(r)
+    return writer.blob()
 
 
 def _read(blob: bytes) -> tuple[dict, dict[str, array]]:
@@ -349,49 +370,83 @@ def _quantiles(values: list[float]) -> list[float] | None:
     return [round(percentile(values, q), 3) for q in QUANTILES]
 
 
-def _pooled_gaps(ok: list[dict]) -> tuple[list[float], int]:
-    total = sum(max(len(r.get("chunk_times") or ()) - 1, 0) for r in ok)
-    stride = max(1, math.ceil(total / MAX_POOLED_GAPS))
-    gaps: list[float] = []
-    position = 0
-    for r in ok:
+class Distributions:
+    """The latency distributions collected one record at a time (``add``), in bounded memory:
+    one number a request for TTFT, TPOT and E2EL, and the pooled inter-token gaps thinned to
+    an even stride once there are more than ``MAX_POOLED_GAPS`` (the stride doubles and every
+    other kept gap goes, so the sample stays even without knowing the total in advance).
+    ``distributions`` is this over a list."""
+
+    def __init__(self):
+        # One value a request (ITL: many, pooled below), named as ``derived`` names them.
+        self.values: dict[str, array] = {lat.key: array("d") for lat in LATENCIES if lat is not ITL}
+        self.gaps = array("d")  # seconds; every ``stride``-th gap of the successful requests
+        self.stride = 1
+        self.gaps_total = 0
+        self.requests = 0
+        self.succeeded = 0
+
+    def add(self, r: dict, derived_values: dict | None = None) -> None:
+        """Count one record: warm-up requests are left out, failed ones only counted."""
+        if r.get("warmup"):
+            return
+        self.requests += 1
+        if r.get("error_class") is not None:
+            return
+        self.succeeded += 1
+        d = derived_values or derived(r)
+        for key, found in self.values.items():
+            value = d[f"{key}_ms"]
+            if not math.isnan(value):
+                found.append(value)
         mine = _gaps(r.get("chunk_times"))
-        if stride == 1:
-            gaps.extend(g * 1000 for g in mine)
-        else:
-            start = (-position) % stride
-            gaps.extend(g * 1000 for g in mine[start::stride])
-        position += len(mine)
-    return gaps, total
+        start = (-self.gaps_total) % self.stride  # the next multiple of the stride
+        self.gaps.extend(mine[start :: self.stride] if self.stride > 1 else mine)
+        self.gaps_total += len(mine)
+        while len(self.gaps) > MAX_POOLED_GAPS:
+            # Kept gaps sit at positions 0, s, 2s, …: every other one is the stride 2s.
+            self.gaps = self.gaps[::2]
+            self.stride *= 2
+
+    def collected(self, key: str) -> tuple[array, float]:
+        """The values collected for the latency ``key`` and the factor that makes them ms
+        (ITL: the pooled sample of gaps, in seconds; the others are in ms)."""
+        if key == ITL.key:
+            return self.gaps, 1000.0
+        return self.values[key], 1.0
+
+    @property
+    def itl_complete(self) -> bool:
+        """Whether the ITL sample holds every gap (no thinning happened)."""
+        return len(self.gaps) == self.gaps_total
+
+    def _quantiles(self, key: str) -> list[float] | None:
+        values, scale = self.collected(key)
+        return _quantiles([v * scale for v in values])
+
+    def result(self) -> dict:
+        counts = {key: len(found) for key, found in self.values.items()}
+        counts[ITL.key] = self.gaps_total
+        out = {
+            "q": list(QUANTILES),
+            **{lat.distribution: self._quantiles(lat.key) for lat in LATENCIES},
+            "n": {
+                "requests": self.requests,
+                "succeeded": self.succeeded,
+                **{lat.key: counts[lat.key] for lat in LATENCIES},
+            },
+        }
+        if not self.itl_complete:
+            out["itl_sampled"] = len(self.gaps)
+        return out
 
 
-def distributions(records: list[dict]) -> dict:
+def distributions(records: Iterable[dict]) -> dict:
     """Quantiles (at ``QUANTILES`` percent) of TTFT, ITL, TPOT and E2EL in ms over the
     successful measured requests, for CDF charts (keyed ``Latency.distribution``). ITL pools
     every inter-chunk gap of every request (as ``vllm bench serve`` does). A metric without
     values is None."""
-    rows = measured(records)
-    ok = [r for r in rows if r.get("error_class") is None]
-    # One value a request (ITL: many, pooled below), named as ``derived`` names them.
-    values: dict[str, list[float]] = {lat.key: [] for lat in LATENCIES if lat is not ITL}
-    for r in ok:
-        d = derived(r)
-        for key, found in values.items():
-            value = d[f"{key}_ms"]
-            if not math.isnan(value):
-                found.append(value)
-    itl, gaps_total = _pooled_gaps(ok)
-    values[ITL.key] = itl
-    counts = {key: len(found) for key, found in values.items()} | {ITL.key: gaps_total}
-    out = {
-        "q": list(QUANTILES),
-        **{lat.distribution: _quantiles(values[lat.key]) for lat in LATENCIES},
-        "n": {
-            "requests": len(rows),
-            "succeeded": len(ok),
-            **{lat.key: counts[lat.key] for lat in LATENCIES},
-        },
-    }
-    if len(itl) < gaps_total:
-        out["itl_sampled"] = len(itl)
-    return out
+    collected = Distributions()
+    for r in records:
+        collected.add(r)
+    return collected.result()

@@ -5,8 +5,8 @@ its profile (``controlpanel.timelimits.benchmark``); the decorator's covers the 
 from celery import shared_task
 from django.conf import settings
 
-from benchmarks.models import BenchmarkRun
-from benchmarks.services import runs
+from benchmarks.models import BenchmarkRun, ImportJob
+from benchmarks.services import imports, runs
 from controlpanel import timelimits
 from controlpanel.jobs import run_job
 
@@ -27,3 +27,15 @@ def run_benchmark(run_pk: int) -> None:
 @shared_task(ignore_result=True, **timelimits.FAIL_STALE_RUNS.options())
 def fail_stale_runs() -> int:
     return len(runs.fail_stale_runs())
+
+
+@shared_task(**timelimits.IMPORT_RESULT.options())
+def import_result(job_pk: int) -> None:
+    """Read an uploaded result file into a run (``benchmarks.services.imports``)."""
+    run_job(
+        ImportJob.objects.select_related("deployment__host", "engine_config", "requested_by"),
+        job_pk,
+        imports.execute_import,
+        imports.fail_import,
+        what="the import",
+    )

@@ -8,6 +8,8 @@ urlpatterns = [
     path("", history.run_list, name="list"),
     path("compare/", history.compare, name="compare"),
     path("import/", history.run_import, name="import"),
+    path("import/<int:pk>/", history.import_job, name="import_job"),
+    path("import/<int:pk>/progress/", history.import_job_progress, name="import_job_progress"),
     path("<int:pk>/export.json", history.export_json, name="export_json"),
     path("<int:pk>/requests.csv", history.export_csv, name="export_csv"),
     # Launching and watching one run (views/runs.py)

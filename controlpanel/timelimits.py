@@ -36,6 +36,8 @@ DOWNSAMPLE_TELEMETRY = TimeLimit(280, 300)
 FAIL_STALE_RUNS = TimeLimit(100, 120)
 NOTIFY_CHANGE = TimeLimit(50, 60)
 RESUME_LOST_PIPELINES = TimeLimit(50, 60)
+# Reading an imported result file (up to 256 MiB, streamed: well under a minute).
+IMPORT_RESULT = TimeLimit(570, 600)
 
 # A change pipeline queued without a computed limit (never by the panel itself) gets this.
 DEFAULT_PIPELINE = TimeLimit(4 * 3600 - 60, 4 * 3600)

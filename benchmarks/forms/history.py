@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from django import forms
 from django.contrib.auth import get_user_model
 
@@ -15,7 +13,9 @@ from hosts.choices import EngineKind
 from hosts.models import Deployment, EngineConfig, Gpu, Host
 
 ANY = [("", "any")]
-MAX_UPLOAD_BYTES = 256 * 2**20  # a detailed 100k-request vllm bench file with texts
+# A detailed 100k-request vllm bench file with texts. The file is saved to disk and read as a
+# stream by a background task, so this bounds disk use and time, not memory.
+MAX_UPLOAD_BYTES = 256 * 2**20
 
 
 def sort_choices() -> list[tuple[str, str]]:
@@ -127,17 +127,26 @@ class RunImportForm(forms.Form):
     )
     label = forms.CharField(max_length=100, required=False)
 
-    def clean_file(self) -> dict:
+    def clean_file(self):
+        """The upload itself: it is read later, as a stream, by a background task. Only
+        what can be told from its size and first bytes is checked here."""
         upload = self.cleaned_data["file"]
         if upload.size > MAX_UPLOAD_BYTES:
             raise forms.ValidationError(
                 f"The file is {upload.size / 2**20:.0f} MiB; at most "
                 f"{MAX_UPLOAD_BYTES // 2**20} MiB is read."
             )
-        try:
-            return json.load(upload)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise forms.ValidationError(f"The file is not JSON: {exc}") from None
+        upload.seek(0)
+        start = upload.read(1024).removeprefix(b"\xef\xbb\xbf").lstrip()
+        upload.seek(0)
+        if start.startswith(b"["):
+            raise forms.ValidationError(
+                "The file holds a list, not one result: import one run at a time "
+                "(vllm bench serve --append-result files hold several)."
+            )
+        if not start.startswith(b"{"):
+            raise forms.ValidationError("The file is not a JSON result: it should start with “{”.")
+        return upload
 
     def clean(self):
         data = super().clean()

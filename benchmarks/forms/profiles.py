@@ -18,6 +18,7 @@ from benchmarks.loadgen.profile import normalize, validate
 from benchmarks.loadgen.spec import SpecError
 from benchmarks.models import LoadProfile
 from benchmarks.services.profiles import unsign_sample
+from controlpanel import userjson
 
 ENDPOINTS = [
     ("/v1/completions", "Completions (/v1/completions, token-id prompts)"),
@@ -188,9 +189,11 @@ class ProfileForm(forms.Form):
         text = (data.get("document_text") or "").strip()
         if text:
             try:
-                document = json.loads(text)
-            except json.JSONDecodeError as exc:
-                self.add_error("document_text", f"Not JSON: {exc.msg} (line {exc.lineno}).")
+                # NUL characters and deep nesting are refused here: PostgreSQL cannot store
+                # the one, json.loads dies of the other (both were a 500).
+                document = userjson.parse(text, what="The document")
+            except userjson.UserJSONError as exc:
+                self.add_error("document_text", str(exc))
                 return data
             replay = document.get("replay") if isinstance(document, dict) else None
             kept = (self.base_spec or {}).get("replay")
@@ -463,12 +466,20 @@ class TrafficForm(forms.Form):
                 if upload.size > traffic.MAX_BYTES:
                     raise SpecError(f"sample: larger than {traffic.MAX_BYTES // 2**20} MB")
                 self.rows = traffic.parse(upload.read(), filename=upload.name)
+                # Prefix ids are kept as text in the profile (jsonb): no NUL characters.
+                userjson.check_value(
+                    [row.prefix_id for row in self.rows if row.prefix_id], what="The sample"
+                )
             elif data.get("sample"):
                 self.rows = unsign_sample(data["sample"])
             else:
                 self.add_error("file", "Choose a JSONL or CSV file.")
-        except SpecError as exc:
+        except (SpecError, userjson.UserJSONError) as exc:
+            self.rows = None
             self.add_error("file", str(exc))
+        except RecursionError:  # a JSONL line nested thousands deep
+            self.rows = None
+            self.add_error("file", "The sample is nested too deeply to be a traffic sample.")
         if self.saving and not (data.get("name") or "").strip():
             self.add_error("name", "Give the profile a name.")
         return data

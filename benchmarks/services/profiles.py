@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from django.core import signing
 from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
@@ -20,6 +18,7 @@ from benchmarks.loadgen.profile import (
 )
 from benchmarks.loadgen.spec import SpecError
 from benchmarks.models import BenchmarkRun, LoadProfile
+from controlpanel import userjson
 from controlpanel.services import audit
 
 SAMPLE_SALT = "benchmarks.profiles.traffic-sample"
@@ -186,9 +185,9 @@ def import_profile(actor, data: bytes, *, note: str = "") -> LoadProfile:
     if len(data) > MAX_IMPORT_BYTES:
         raise SpecError(f"import: larger than {MAX_IMPORT_BYTES // 2**20} MB")
     try:
-        document = json.loads(data.decode("utf-8-sig"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SpecError(f"import: not a JSON file ({exc})") from None
+        document = userjson.parse(data, what="import: the file")
+    except userjson.UserJSONError as exc:
+        raise SpecError(str(exc)) from None
     name, description, spec = read_export(document)
     return create_profile(
         actor,

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 
-from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
 from django.core.paginator import Paginator
 from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 
 from benchmarks.forms.history import HistoryForm, RunImportForm
-from benchmarks.models import BenchmarkRun, RunRequestLog
+from benchmarks.models import BenchmarkRun, ImportJob, RunRequestLog
 from benchmarks.services import compare as comparing
 from benchmarks.services import export, history
-from benchmarks.services.imports import import_run
+from benchmarks.services.imports import start_import
 
 
 @permission_required("benchmarks.view_benchmarkrun", raise_exception=True)
@@ -48,19 +47,30 @@ def compare(request):
 
 @permission_required("benchmarks.add_benchmarkrun", raise_exception=True)
 def run_import(request):
+    """Upload a result file: it is saved and read in the background; the job's page follows."""
     form = RunImportForm(request.POST or None, request.FILES or None)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
-        try:
-            run = import_run(
-                request.user, data["deployment"], data["file"], data["engine_config"], data["label"]
-            )
-        except ValueError as exc:
-            form.add_error("file", str(exc))
-        else:
-            messages.success(request, f"Imported {run}: {run.completed} requests succeeded.")
-            return redirect(run)
-    return render(request, "benchmarks/run_import.html", {"form": form})
+        job = start_import(
+            request.user, data["file"], data["deployment"], data["engine_config"], data["label"]
+        )
+        return redirect(job)
+    status = 400 if form.is_bound else 200
+    return render(request, "benchmarks/run_import.html", {"form": form}, status=status)
+
+
+@permission_required("benchmarks.add_benchmarkrun", raise_exception=True)
+def import_job(request, pk):
+    """An import's progress, then the run it made or why there is none."""
+    job = get_object_or_404(ImportJob.objects.select_related("deployment__host", "run"), pk=pk)
+    return render(request, "benchmarks/import_job.html", {"job": job})
+
+
+@permission_required("benchmarks.add_benchmarkrun", raise_exception=True)
+def import_job_progress(request, pk):
+    """The job's progress fragment, polled by htmx while the job is not finished."""
+    job = get_object_or_404(ImportJob.objects.select_related("run"), pk=pk)
+    return render(request, "benchmarks/_import_progress.html", {"job": job})
 
 
 @permission_required("benchmarks.view_benchmarkrun", raise_exception=True)

@@ -18,6 +18,7 @@ from benchmarks import records
 from benchmarks.models import BenchmarkRun, RunPoint, RunRequestLog
 from benchmarks.services.imports import import_run
 from controlpanel.models import AuditEntry
+from tests.benchmarks.test_import_streaming import post_import
 from tests.benchmarks.test_importers import VLLM_SUMMARY, vllm_detailed
 from tests.benchmarks.test_records import failed, record
 from tests.factories import (
@@ -452,12 +453,13 @@ def test_export_json_imports_back_as_the_same_run(client, viewer, operator):
     assert data["panel"]["profile"]["name"] == "Chat"
 
     client.force_login(operator)
-    response = client.post(
-        IMPORT,
-        {"file": upload(data), "deployment": deployment.pk, "engine_config": config.pk},
+    response = post_import(
+        client, {"file": upload(data), "deployment": deployment.pk, "engine_config": config.pk}
     )
     copy = BenchmarkRun.objects.exclude(pk=run.pk).get()
-    assert response.status_code == 302 and response["Location"] == copy.get_absolute_url()
+    assert (
+        response.status_code == 302 and copy.import_job.get_absolute_url() == response["Location"]
+    )
     assert copy.source == "loadgen" and copy.status == "succeeded"
     assert copy.label == "baseline" and copy.requested_by == operator
     assert copy.load_profile == profile  # the same load: the same profile version
@@ -506,11 +508,12 @@ def test_importing_a_vllm_bench_file_sets_the_columns(client, operator):
     make_gpu(host, name="NVIDIA H200")
     deployment = make_deployment(host)  # serves Llama; the file measured Qwen
     client.force_login(operator)
-    response = client.post(
-        IMPORT, {"file": upload(vllm_detailed()), "deployment": deployment.pk, "label": ""}
+    response = post_import(
+        client, {"file": upload(vllm_detailed()), "deployment": deployment.pk, "label": ""}
     )
     run = BenchmarkRun.objects.get()
-    assert response.status_code == 302 and response["Location"] == run.get_absolute_url()
+    assert response.status_code == 302 and response["Location"] == run.import_job.get_absolute_url()
+    assert run.get_absolute_url() in client.get(response["Location"]).content.decode()
     assert run.source == "vllm-bench" and run.load_profile is None
     assert run.label == "tp2-bench" and run.model_name == "Qwen/Qwen2.5-7B-Instruct"
     assert run.gpu_model == "NVIDIA H200" and run.gpu_count == 1
@@ -536,17 +539,22 @@ def test_import_errors_are_shown_on_the_form(client, operator):
     deployment = make_deployment()
     elsewhere = make_config(make_deployment())
     client.force_login(operator)
-    bad_json = io.BytesIO(b"{not json")
-    bad_json.name = "x.json"
-    response = client.post(IMPORT, {"file": bad_json, "deployment": deployment.pk})
-    assert response.status_code == 200 and "not JSON" in response.content.decode()
-    response = client.post(IMPORT, {"file": upload({"a": 1}), "deployment": deployment.pk})
-    assert "not a result this panel reads" in response.content.decode()
+    not_an_object = io.BytesIO(b"not json")
+    not_an_object.name = "x.json"
+    response = client.post(IMPORT, {"file": not_an_object, "deployment": deployment.pk})
+    assert response.status_code == 400 and "not a JSON result" in response.content.decode()
     response = client.post(
         IMPORT,
         {"file": upload(VLLM_SUMMARY), "deployment": deployment.pk, "engine_config": elsewhere.pk},
     )
-    assert "is a config of" in response.content.decode()
+    assert response.status_code == 400 and "is a config of" in response.content.decode()
+    # What only reading the whole file tells is said on the job's page.
+    bad_json = io.BytesIO(b"{not json")
+    bad_json.name = "x.json"
+    for file, message in ((bad_json, "not valid JSON"), (upload({"a": 1}), "not a result")):
+        response = post_import(client, {"file": file, "deployment": deployment.pk})
+        page = client.get(response["Location"]).content.decode()
+        assert "Failed" in page and message in page
     assert not BenchmarkRun.objects.exists()
 
 

@@ -99,7 +99,7 @@ def test_vllm_summary_file_maps_onto_our_names():
     got = importers.parse(dict(VLLM_SUMMARY))
     doc = got.document
     assert got.kind == importers.VLLM_BENCH and got.model == "meta-llama/Llama-3.1-8B-Instruct"
-    assert got.records is None and doc["spec"] is None
+    assert got.log is None and got.distributions is None and doc["spec"] is None
     # vllm's "p99.9_ttft_ms" is the load generator's "p99_9_ttft_ms".
     assert doc["p99_9_ttft_ms"] == 520.0 and "p99.9_ttft_ms" not in doc
     assert doc["median_ttft_ms"] == 180.25 and doc["p99_itl_ms"] == 45.0
@@ -118,15 +118,20 @@ def test_vllm_detailed_file_gives_records_and_missing_percentiles():
     got = importers.parse(vllm_detailed())
     doc = got.document
     assert [k for k in importers.DETAILED if k in doc] == []  # lists are not summary keys
-    assert got.label == "tp2-bench" and len(got.records) == 5
-    ok = [r for r in got.records if r["error_class"] is None]
+    rows = records.decode(got.log)
+    assert got.label == "tp2-bench" and got.log_count == 5 and len(rows) == 5
+    ok = [r for r in rows if r["error_class"] is None]
     assert len(ok) == 4
-    bad = got.records[3]
+    bad = rows[3]
     assert bad["error_class"] == "connection" and "refused" in bad["error"]
-    assert bad["first_token"] is None and bad["output_tokens"] == 0
-    first = got.records[0]
-    assert first["sent"] == 0.0 and got.records[1]["sent"] == 0.5
-    assert first["chunk_times"] == pytest.approx([0.1, 0.11, 0.14])
+    assert bad["ttft_ms"] is None and bad["output_tokens"] == 0
+    first = rows[0]
+    assert first["sent_s"] == 0.0 and rows[1]["sent_s"] == 0.5
+    # First token 100 ms after the send, then gaps of 10 and 30 ms.
+    assert first["ttft_ms"] == pytest.approx(100.0, abs=1e-3)
+    assert first["itl_mean_ms"] == pytest.approx(20.0, abs=1e-3)
+    assert first["itl_max_ms"] == pytest.approx(30.0, abs=1e-3)
+    assert first["e2el_ms"] == pytest.approx(140.0, abs=1e-3)
     # p95 TTFT over the successes (100, 200, 300, 400 ms): 300 + 0.85 × 100.
     assert doc["p95_ttft_ms"] == pytest.approx(385.0)
     # Values in the file win over computed ones.
@@ -138,13 +143,13 @@ def test_vllm_detailed_file_gives_records_and_missing_percentiles():
     assert doc["p99_e2el_ms"] == pytest.approx(percentile([140, 220, 360, 400], 99))
     assert "request_goodput" not in doc
     assert any("computed from its per-request lists" in n for n in got.notes)
-    dist = records.distributions(got.records)
+    dist = got.distributions
     assert dist["n"]["succeeded"] == 4 and dist["ttft_ms"][-1] == pytest.approx(400.0)
 
 
 def test_vllm_detailed_file_without_send_times_has_latencies_but_no_clock():
     got = importers.parse(vllm_detailed(start_times=False))
-    rows = records.decode(records.encode(got.records))
+    rows = records.decode(got.log)
     assert rows[2]["sent_s"] is None and rows[2]["ttft_ms"] == pytest.approx(300.0, abs=1e-3)
     assert any("no send times" in n for n in got.notes)
 
@@ -153,7 +158,7 @@ def test_vllm_detailed_lists_that_disagree_are_not_imported():
     data = vllm_detailed()
     data["itls"] = data["itls"][:3]
     got = importers.parse(data)
-    assert got.records is None
+    assert got.log is None and got.distributions is None
     assert any("different lengths" in n for n in got.notes)
 
 
@@ -202,11 +207,12 @@ def test_our_cli_file_with_records(fixed_server, tmp_path, capsys):  # noqa: F81
     data = json.loads(out.read_text())
     got = importers.parse(data)
     assert got.kind == importers.LOADGEN and got.model == "fixed-latency"
-    assert len(data["records"]) == 16 and len(got.records) == 14  # warm-up dropped
+    assert len(data["records"]) == 16 and got.log_count == 14  # warm-up dropped
     assert set(got.document["stages"]) == {"low", "high"}
     assert got.document["completed"] == 14 and "records" not in got.document
     assert got.spec["stages"][0]["name"] == "low"
-    dist = records.distributions(got.records)
+    dist = got.distributions
+    assert dist == records.distributions(data["records"])  # streamed as a list would give
     # The server sends the first token 15 ms after a request arrives.
     assert 14.0 <= dist["ttft_ms"][0] and dist["ttft_ms"][50] < 200.0
     assert dist["n"]["itl"] == 14 * 5
@@ -239,7 +245,7 @@ def test_our_file_without_records_says_so():
         "notes": ["from the CLI"],
     }
     got = importers.parse(data)
-    assert got.records is None and got.spec is None
+    assert got.log is None and got.spec is None
     assert got.document["notes"] == ["from the CLI"]
     assert any("--save-detailed" in n for n in got.notes)
     with pytest.raises(ValueError, match="stages"):

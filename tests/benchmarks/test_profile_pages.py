@@ -237,7 +237,7 @@ def test_json_document_alternative(client, operator):
     ]
     not_json = post_data(SPEC, name="Other", document_text="{stages")
     response = client.post(reverse("benchmarks:profile_create"), not_json)
-    assert "Not JSON" in response.context["form"].errors["document_text"][0]
+    assert "is not valid JSON" in response.context["form"].errors["document_text"][0]
 
 
 def test_edit_creates_v2_and_leaves_v1_unchanged(client, operator, viewer):
@@ -369,7 +369,7 @@ def test_export_import_round_trip(client, operator):
             b'{"format": "vllm-bench", "spec": {}}',
             "not a load profile export (format &#x27;vllm-bench&#x27;",
         ),
-        (b"not json", "not a JSON file"),
+        (b"not json", "the file is not valid JSON"),
         (
             json.dumps(
                 {
