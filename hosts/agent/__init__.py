@@ -49,9 +49,13 @@ Decisions (see the modules for the why):
   this interpreter followed by ``-m hosts.simulator``; ``--allow-exec`` (repeatable, a program
   name or absolute path optionally followed by required leading args) replaces that list.
   ``numactl`` (CPU/memory binding options only) and ``taskset -c LIST`` may prefix it. Names
-  resolve on the agent's PATH and run by absolute path; never through a shell. Variables that
-  change what code loads (LD_*, PATH, PYTHONPATH, …) are refused in a config, and the agent's
-  own secrets (…TOKEN, …SECRET…, …PASSWORD…, except HF tokens) are not passed to engines.
+  resolve on the agent's PATH and run by absolute path; never through a shell. A config may
+  set only the environment variables named in hosts.engines.launch.SAFE_ENV (none names a file,
+  directory or library to load: CUDA_INJECTION64_PATH, VLLM_LOGGING_CONFIG_PATH,
+  NCCL_NET_PLUGIN, HF_HOME, LD_*, PYTHON* are refused, whatever the panel sends), and flags that
+  load code (``--trust-remote-code``) only when the agent was started with
+  ``--allow-code-loading``. The agent's own secrets (…TOKEN, …SECRET…, …PASSWORD…, except HF
+  tokens) are not passed to engines; command lines are logged with secret flags masked.
 - State (``--state-dir``, default a fresh temp dir): ``engines/<name>.json`` (mode 0600) holds
   each engine's config, the process it runs (pid, start time, command line, digest of what was
   launched) and the apply/restart under way; ``engines/<name>.out`` (0600) the engine's output,
