@@ -2,9 +2,9 @@
 
 Settings read it for the broker's visibility timeout, the task modules for their decorators'
 defaults, and the services for the per-call limits they send with a task (a benchmark's from
-its profile, a change's pipeline from its two benchmarks and two applies). A task's soft limit
-raises ``SoftTimeLimitExceeded`` inside it so the job runner records "ran out of time" on the
-row; the hard limit, a margin later, kills a task that ignored it.
+its profile, a change's pipeline from its two benchmarks and three engine operations). A task's
+soft limit raises ``SoftTimeLimitExceeded`` inside it so the job runner records "ran out of
+time" on the row; the hard limit, a margin later, kills a task that ignored it.
 """
 
 from __future__ import annotations
@@ -71,9 +71,10 @@ def benchmark(budget: int) -> TimeLimit:
 
 
 def pipeline(benchmark_budget: int, operation_budget: int, health_timeout: float) -> TimeLimit:
-    """A change's apply pipeline holds up to two benchmarks (baseline, verification) and two
-    applies (the change, a rollback) and the health check, with margin."""
-    soft = int(2 * benchmark_budget + 2 * operation_budget + health_timeout + 300)
+    """A change's apply pipeline holds up to two benchmarks (baseline, verification), three
+    engine operations (the restart before the baseline, the change, a rollback) and the health
+    check, with margin."""
+    soft = int(2 * benchmark_budget + 3 * operation_budget + health_timeout + 300)
     return TimeLimit.of(soft, 60)
 
 

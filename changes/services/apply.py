@@ -117,7 +117,8 @@ def _window_message(change: ChangeRequest) -> str:
 
 
 def time_limit(change: ChangeRequest) -> timelimits.TimeLimit:
-    """The pipeline's limit: two benchmarks of its profile, two applies, the health check."""
+    """The pipeline's limit: two benchmarks of its profile, three engine operations (the
+    restart before the baseline, the apply, a rollback), the health check."""
     bench = benchmark_runs.time_limit_for(change.verify_profile) if change.verify_profile else 0
     return timelimits.pipeline(
         bench, timelimits.operation_budget(conf.ENGINE_READY_TIMEOUT), conf.CHANGE_HEALTH_TIMEOUT

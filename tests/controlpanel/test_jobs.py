@@ -103,9 +103,10 @@ def test_a_benchmark_budget_follows_its_plan_up_to_the_cap():
     assert timelimits.benchmark(450).options() == {"soft_time_limit": 510, "time_limit": 570}
 
 
-def test_a_pipeline_holds_two_benchmarks_two_applies_and_the_health_check():
+def test_a_pipeline_holds_two_benchmarks_three_operations_and_the_health_check():
+    # Operations: the restart before the baseline, the change's apply, a rollback.
     limit = timelimits.pipeline(450, 1320, 30)
-    assert limit.soft == 2 * 450 + 2 * 1320 + 30 + 300 and limit.hard == limit.soft + 60
+    assert limit.soft == 2 * 450 + 3 * 1320 + 30 + 300 and limit.hard == limit.soft + 60
 
 
 def test_the_visibility_timeout_outlasts_every_task_it_can_be_given():
