@@ -255,6 +255,9 @@ STATICFILES_FINDERS = [
     # plotly.js comes from the installed plotly package, so its version follows the pin.
     "controlpanel.staticfinders.PlotlyJsFinder",
 ]
+# Embedded, var/ (static files, uploads) is the panel's alone; Django would chmod each stored
+# file 0644. A production image collects static files as another user at build time.
+FILE_UPLOAD_PERMISSIONS = 0o600 if EMBEDDED else 0o644
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.core.files.base import ContentFile
+from django.core.files.storage import FileSystemStorage
 from django.core.management import call_command
 
 from home.management.commands import serve
@@ -98,7 +100,11 @@ def test_serve_makes_what_var_holds_owner_only_and_what_it_creates_later(
         # Stands in for uvicorn: files the running panel writes (a log, an upload).
         (var / "logs").mkdir()
         (var / "logs" / "panel.log").write_text("started")
-        created_while_serving.extend([var / "logs", var / "logs" / "panel.log"])
+        # Django's storages chmod what they save (0644 by default): static files, uploads.
+        upload = FileSystemStorage(location=var / "media").save("import.json", ContentFile(b"{}"))
+        created_while_serving.extend(
+            [var / "logs", var / "logs" / "panel.log", var / "media", var / "media" / upload]
+        )
 
     monkeypatch.setattr(serve.Command, "_serve", fake_serve)
     call_command("serve", "--no-worker")
@@ -106,4 +112,4 @@ def test_serve_makes_what_var_holds_owner_only_and_what_it_creates_later(
     assert group_or_other_bits(var) == []
     assert mode(var / "demo-fleet" / "gpu-1" / "run.sh") == 0o700  # still executable
     assert mode(var / "db.sqlite3") == 0o600
-    assert [mode(p) for p in created_while_serving] == [0o700, 0o600]
+    assert [mode(p) for p in created_while_serving] == [0o700, 0o600, 0o700, 0o600]
