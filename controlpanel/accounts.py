@@ -66,7 +66,13 @@ class LoginThrottleHandler(AxesDatabaseHandler):
         ):
             failures = attempts.aggregate(n=Sum("failures_since_start"))["n"] or 0
             if failures:
-                worst = max(worst, account_limit - (limits[parameter] - failures))
+                # A combined parameter (["username", "ip_address"]) counts against the account's.
+                own_limit = (
+                    limits.get(parameter, account_limit)
+                    if isinstance(parameter, str)
+                    else account_limit
+                )
+                worst = max(worst, account_limit - (own_limit - failures))
         return worst
 
 
