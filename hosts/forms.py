@@ -8,7 +8,9 @@ import paramiko
 from django import forms
 
 from hosts.choices import TransportKind
-from hosts.models import Host, validate_labels
+from hosts.models import SECRET_FIELDS, TRANSPORT_SECRETS, Host, validate_labels
+from hosts.services.hosts import may_change_protection
+from hosts.services.transports import KeyFileRefused, key_file_path
 
 
 class LabelsField(forms.CharField):
@@ -38,8 +40,10 @@ def check_private_key(text: str, passphrase: str | None) -> None:
     """Refuse a key paramiko cannot load (wrong format, wrong passphrase) at once, not at the
     first connection."""
     if text.startswith("file:"):
-        if not text[5:].startswith("/"):
-            raise forms.ValidationError("A key file reference is file:/absolute/path.")
+        try:
+            key_file_path(text[5:].strip())
+        except KeyFileRefused as exc:
+            raise forms.ValidationError(f"{exc}.") from None
         return
     errors = []
     for kind in (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey):
@@ -80,15 +84,15 @@ class HostForm(forms.ModelForm):
         required=False,
         strip=False,
         widget=forms.Textarea(attrs={"rows": 4, "autocomplete": "off", "spellcheck": "false"}),
-        help_text="Private key text, or file:/path on the worker machines. Leave empty to "
-        "keep the stored one. The host key is checked: a first contact shows its fingerprint "
-        "for an admin to accept.",
+        help_text="Private key text, or file:NAME for a key file in SSH_KEY_DIR on the worker "
+        "machines. Leave empty to keep the stored one. The host key is checked: a first "
+        "contact shows its fingerprint for an admin to accept.",
     )
     ssh_key_passphrase = forms.CharField(
         required=False, strip=False, widget=SecretInput(attrs={"autocomplete": "off"})
     )
 
-    SECRETS = ("agent_token", "ssh_private_key", "ssh_key_passphrase")
+    SECRETS = SECRET_FIELDS
 
     class Meta:
         model = Host
@@ -112,13 +116,24 @@ class HostForm(forms.ModelForm):
             "description": forms.Textarea(attrs={"rows": 3}),
             "agent_ca_cert": forms.Textarea(attrs={"rows": 3}),
         }
+        help_texts = {
+            "agent_tls": "Required for an agent on another machine: start it with --tls-cert "
+            "and --tls-key.",
+            "agent_ca_cert": "The agent's certificate (or the CA that signed it), pinned: only "
+            "an agent holding its key is trusted. Empty: the system's CA store.",
+        }
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, user=None, **kwargs):
         super().__init__(*args, **kwargs)
+        # Who edits: protection labels need an Admin (None: the service alone decides).
+        self.user = user
         # The stored secrets stay on the instance; the form only ever sees new ones.
         self._stored = {name: getattr(self.instance, name) for name in self.SECRETS}
         for name in self.SECRETS:
             self.initial[name] = ""
+        editing = self.instance.pk is not None
+        self._stored_destination = self.instance.destination if editing else None
+        self._stored_protection = self.instance.protection if editing else None
 
     def clean(self):
         data = super().clean()
@@ -126,18 +141,22 @@ class HostForm(forms.ModelForm):
         if not data.get("port") and transport:
             data["port"] = TransportKind(transport).default_port
             self.instance.port = data["port"]
-        for name in self.SECRETS:
-            if not data.get(name):
-                data[name] = self._stored[name]  # empty means "keep"
-                setattr(self.instance, name, self._stored[name])
-        if transport == TransportKind.AGENT and not data.get("agent_token"):
+        self._keep_or_require_secrets(data)
+        self._check_protection(data)
+        if (
+            transport == TransportKind.AGENT
+            and not data.get("agent_token")
+            and "agent_token" not in self.errors
+        ):
             self.add_error("agent_token", "The agent needs its token.")
         if transport == TransportKind.SSH:
             if not data.get("ssh_username"):
                 self.add_error("ssh_username", "SSH needs a user name.")
             key = data.get("ssh_private_key")
-            if not key:
-                self.add_error("ssh_private_key", "SSH needs a private key (or file:/path).")
+            if "ssh_private_key" in self.errors:
+                pass
+            elif not key:
+                self.add_error("ssh_private_key", "SSH needs a private key (or file:NAME).")
             elif (
                 key != self._stored["ssh_private_key"]
                 or data.get("ssh_key_passphrase") != self._stored["ssh_key_passphrase"]
@@ -149,3 +168,58 @@ class HostForm(forms.ModelForm):
         if data.get("agent_ca_cert") and "BEGIN CERTIFICATE" not in data["agent_ca_cert"]:
             self.add_error("agent_ca_cert", "Paste PEM certificate text (-----BEGIN CERTIFICATE…).")
         return data
+
+    def _destination(self, data) -> str | None:
+        if not data.get("transport") or not data.get("address") or not data.get("port"):
+            return None  # invalid anyway: its own field says why
+        return Host(
+            transport=data["transport"],
+            address=data["address"],
+            port=data["port"],
+            agent_tls=bool(data.get("agent_tls")),
+            agent_ca_cert=data.get("agent_ca_cert") or "",
+        ).destination
+
+    def _keep_or_require_secrets(self, data) -> None:
+        """Empty means "keep the stored secret", but only while the host points where it was
+        entered for: after a move each stored credential of the transport must be typed again
+        (a kept one would go to whoever now answers), and the other transport's are dropped."""
+        destination = self._destination(data)
+        moved = None not in (self._stored_destination, destination) and (
+            destination != self._stored_destination
+        )
+        needed = TRANSPORT_SECRETS.get(data.get("transport"), ())
+        for name in self.SECRETS:
+            if data.get(name):
+                self.instance.enter_secret(name, data[name])
+            elif not moved:
+                data[name] = self._stored[name]
+                setattr(self.instance, name, self._stored[name])
+            else:
+                data[name] = ""
+                setattr(self.instance, name, "")
+                if self._stored[name] and name in needed:
+                    label = Host._meta.get_field(name).verbose_name
+                    self.add_error(
+                        name,
+                        f"The host now points at {destination} (it was "
+                        f"{self._stored_destination}): enter the {label.lower()} again. A "
+                        "stored credential is only ever sent to the destination it was "
+                        "entered for.",
+                    )
+
+    def _check_protection(self, data) -> None:
+        if self._stored_protection is None or self.user is None or "labels" not in data:
+            return
+        protection = Host(labels=data["labels"]).protection
+        if protection != self._stored_protection and not may_change_protection(self.user):
+            was = ", ".join(
+                f"{k}={v}" if v is not None else f"no {k}"
+                for k, v in self._stored_protection.items()
+            )
+            self.add_error(
+                "labels",
+                f"Only an Admin may change {', '.join(protection)}: it sets how many "
+                f"approvals this host's changes need (now {was}). Put it back as it was to "
+                "save your other changes, or ask an Admin.",
+            )

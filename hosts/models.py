@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
 from decimal import Decimal
@@ -65,6 +66,25 @@ def validate_address(value: str) -> None:
         raise ValidationError(f"{value!r} is not a host name or IP address.")
 
 
+def is_loopback(address: str) -> bool:
+    """``address`` names this machine itself (127.0.0.0/8, ::1, localhost): traffic to it never
+    crosses a network, so it may go in clear."""
+    address = address.strip("[]").lower()
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False  # a DNS name may resolve anywhere: treat it as remote
+
+
+def protection_label_keys() -> list[str]:
+    """The label keys that set how much review a host's changes need (CHANGE_PRODUCTION_LABEL):
+    changing them on a host changes its protection, which only an Admin may do."""
+    key = conf.CHANGE_PRODUCTION_LABEL.partition("=")[0].strip()
+    return [key] if key else []
+
+
 def validate_labels(value) -> None:
     if not isinstance(value, dict):
         raise ValidationError("Labels must be a mapping of key to value.")
@@ -75,10 +95,27 @@ def validate_labels(value) -> None:
             )
         if not isinstance(item, str) or len(item) > 63:
             raise ValidationError(f"Label {key!r} must have a text value of at most 63 chars.")
+        if any(ord(c) < 32 or ord(c) == 127 for c in item):
+            # PostgreSQL's jsonb cannot store NUL, and no label needs a control character.
+            raise ValidationError(f"Label {key!r} must not contain control characters.")
+
+
+# The stored credentials, and which of them each transport sends.
+SECRET_FIELDS = ("agent_token", "ssh_private_key", "ssh_key_passphrase")
+TRANSPORT_SECRETS = {
+    TransportKind.AGENT: ("agent_token",),
+    TransportKind.SSH: ("ssh_private_key", "ssh_key_passphrase"),
+}
 
 
 class Host(models.Model):
-    """A GPU server the panel manages, reached through the host agent or over SSH."""
+    """A GPU server the panel manages, reached through the host agent or over SSH.
+
+    Each stored credential is bound to the destination it was entered for
+    (``credential_bindings``): pointing the host elsewhere (address, port, transport, TLS, CA)
+    leaves the old credentials bound to the old destination, and the transport refuses to send
+    them anywhere else until they are entered again (``credential_problem``).
+    """
 
     name = models.CharField(max_length=100, unique=True)
     address = models.CharField(
@@ -137,6 +174,13 @@ class Host(models.Model):
         help_text="The key the host presented at first contact (or when it changed).",
     )
     ssh_offered_key_type = models.CharField(max_length=40, blank=True)
+    credential_bindings = models.JSONField(
+        default=dict,
+        blank=True,
+        editable=False,
+        help_text="For each stored secret, the destination it was entered for; it is never "
+        "sent to any other (set on save, see Host.save).",
+    )
     # --- what the panel last learned ------------------------------------------------------
     status = models.CharField(max_length=20, choices=HostStatus.choices, default=HostStatus.UNKNOWN)
     last_seen_at = models.DateTimeField(null=True, blank=True)
@@ -167,10 +211,27 @@ class Host(models.Model):
 
     class Meta:
         ordering = ["name"]
-        permissions = [("accept_host_key", "Can accept a host's SSH key")]
+        permissions = [
+            ("accept_host_key", "Can accept a host's SSH key"),
+            # "change_" so the Admin role (every change_ permission) holds it and an Operator
+            # (an explicit list) does not.
+            (
+                "change_host_protection",
+                "Can change a host's protection (the labels that set its approvals)",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args, **kwargs):
+        update_fields = kwargs.get("update_fields")
+        if update_fields is None or set(update_fields) & set(SECRET_FIELDS):
+            self._bind_credentials()
+            if update_fields is not None:
+                kwargs["update_fields"] = {*update_fields, "credential_bindings"}
+        super().save(*args, **kwargs)
+        self.__dict__.pop("_entered_secrets", None)
 
     def get_absolute_url(self) -> str:
         return reverse("hosts:detail", args=[self.pk])
@@ -186,11 +247,109 @@ class Host(models.Model):
         return bool(self.ssh_username and self.ssh_private_key)
 
     @property
+    def destination(self) -> str:
+        """Where credentials go: everything that decides which machine receives them and how.
+        Over the agent the scheme and the pinned CA count too (a dropped pin or plain HTTP
+        hands the token to whoever answers)."""
+        address = self.address.strip("[]").lower()
+        if ":" in address:
+            address = f"[{address}]"
+        if self.transport == TransportKind.SSH:
+            return f"ssh {address}:{self.port}"
+        scheme = "https" if self.agent_tls else "http"
+        pin = ""
+        if self.agent_tls and self.agent_ca_cert.strip():
+            digest = hashlib.sha256(self.agent_ca_cert.strip().encode()).hexdigest()[:16]
+            pin = f" ca:{digest}"
+        return f"agent {scheme}://{address}:{self.port}{pin}"
+
+    def enter_secret(self, name: str, value: str) -> None:
+        """Set a credential as typed by someone for the host's current destination: saving
+        binds it there even when its value is the one already stored (an agent moved to a new
+        address keeps its token, and the operator vouches for that by typing it again)."""
+        if name not in SECRET_FIELDS:
+            raise ValueError(f"{name} is not a secret of a host")
+        setattr(self, name, value)
+        self.__dict__.setdefault("_entered_secrets", set()).add(name)
+
+    @property
+    def entered_secrets(self) -> set[str]:
+        return set(self.__dict__.get("_entered_secrets", ()))
+
+    def credential_problem(self) -> str:
+        """Why the stored credentials of the host's transport must not be sent to its current
+        destination ("" when they may): they were entered for another one."""
+        for name in TRANSPORT_SECRETS[TransportKind(self.transport)]:
+            if not getattr(self, name):
+                continue
+            bound = (self.credential_bindings or {}).get(name)
+            if bound != self.destination:
+                label = self._meta.get_field(name).verbose_name
+                return (
+                    f"the stored {label} was entered for {bound or 'an unknown destination'}, "
+                    f"not for {self.destination}: enter it again to send it there"
+                )
+        return ""
+
+    def clean(self):
+        super().clean()
+        if (
+            self.transport == TransportKind.AGENT
+            and not self.agent_tls
+            and self.address
+            and not is_loopback(self.address)
+            and not conf.AGENT_ALLOW_CLEARTEXT
+        ):
+            # The bearer token and every engine setting would cross the network readable.
+            raise ValidationError(
+                {
+                    "agent_tls": "An agent on another machine is reached over TLS (start it "
+                    "with --tls-cert/--tls-key and paste its certificate as the CA "
+                    "certificate). Plain HTTP is only for agents on this machine "
+                    "(127.0.0.1), unless AGENT_ALLOW_CLEARTEXT is set."
+                }
+            )
+
+    def _bind_credentials(self) -> None:
+        # A secret typed in (enter_secret) or with a new value is bound to where the host
+        # points now; one left as stored keeps the binding it had, from the database (never
+        # from this instance, which a caller may have edited).
+        stored = None
+        if self.pk is not None and not self._state.adding:
+            stored = (
+                Host.objects.filter(pk=self.pk)
+                .values(*SECRET_FIELDS, "credential_bindings")
+                .first()
+            )
+        bindings = dict(stored["credential_bindings"] or {}) if stored else {}
+        entered = self.entered_secrets
+        for name in SECRET_FIELDS:
+            value = getattr(self, name)
+            if not value:
+                bindings.pop(name, None)
+            elif stored is None or name in entered or not same_secret(value, stored[name]):
+                bindings[name] = self.destination
+        self.credential_bindings = bindings
+
+    @property
+    def protection(self) -> dict[str, str | None]:
+        """The labels that set how much review this host's changes need."""
+        return {key: (self.labels or {}).get(key) for key in protection_label_keys()}
+
+    @property
     def label_text(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
 
     def latest_check(self):
         return self.checks.order_by("-created_at", "-pk").first()
+
+
+def same_secret(value, stored) -> bool:
+    """``value`` is the secret ``stored`` holds (an unreadable one reads as "": compare what is
+    on disk instead)."""
+    return getattr(value, "stored", value) == getattr(stored, "stored", stored) and type(
+        value
+    ) is type(stored)
 
 
 class Gpu(models.Model):

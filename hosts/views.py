@@ -14,7 +14,7 @@ from hosts.choices import OperationKind
 from hosts.forms import HostForm
 from hosts.models import Deployment, EngineOperation, Gpu, GpuSample, Host, HostCheck
 from hosts.services.checks import request_host_check
-from hosts.services.hosts import accept_host_key, create_host, update_host
+from hosts.services.hosts import HostChangeRefused, accept_host_key, create_host, update_host
 from hosts.services.operations import OperationRefused, request_operation
 
 PARTS = {
@@ -72,7 +72,7 @@ def host_telemetry(request, pk):
 
 @permission_required("hosts.add_host", raise_exception=True)
 def host_create(request):
-    form = HostForm(request.POST or None)
+    form = HostForm(request.POST or None, user=request.user)
     if request.method == "POST" and form.is_valid():
         host = create_host(request.user, form)
         messages.success(request, f"Host {host} added. Test the connection to read its GPUs.")
@@ -83,11 +83,16 @@ def host_create(request):
 @permission_required("hosts.change_host", raise_exception=True)
 def host_edit(request, pk):
     host = get_object_or_404(Host, pk=pk)
-    form = HostForm(request.POST or None, instance=host)
+    form = HostForm(request.POST or None, instance=host, user=request.user)
     if request.method == "POST" and form.is_valid():
-        update_host(request.user, host, form)
-        messages.success(request, f"Host {host} saved.")
-        return redirect(host)
+        try:
+            update_host(request.user, host, form)
+        except HostChangeRefused as exc:
+            # The form had its say; the service checks again whatever the caller.
+            form.add_error(exc.field if exc.field in form.fields else None, str(exc))
+        else:
+            messages.success(request, f"Host {host} saved.")
+            return redirect(host)
     return render(request, "hosts/host_form.html", {"form": form, "host": host})
 
 

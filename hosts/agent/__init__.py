@@ -1,7 +1,9 @@
 """The host agent: the small program that runs ON a GPU server (pure: no Django).
 
-    python -m hosts.agent --listen 0.0.0.0:9100 --token-file PATH [--tls-cert F --tls-key F]
+    python -m hosts.agent --listen 0.0.0.0:9100 --token-file PATH --tls-cert F --tls-key F
         [--state-dir DIR] [--allow-exec PROGRAM ...] [--simulate GPU[:COUNT]]
+
+Plain HTTP (no --tls-cert) is served on a loopback address only, unless --insecure-http.
 
 HTTP API (JSON; every request needs ``Authorization: Bearer <token>``, compared in constant
 time; a wrong or missing token gets 401 ``{"error": "..."}``; bad input 400, unknown engine

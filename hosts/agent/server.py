@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import hmac
+import ipaddress
 import json
 import logging
 import re
@@ -382,6 +383,27 @@ def tls_context(cert: str, key: str) -> ssl.SSLContext:
     return context
 
 
+def is_loopback(host: str) -> bool:
+    """Only this machine can reach ``host`` (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name, or 0.0.0.0: every interface
+
+
+def cleartext_refusal(host: str, tls: bool, insecure_http: bool) -> str | None:
+    """Why the agent must not serve on ``host`` as asked, or None: plain HTTP would put the
+    bearer token and every engine setting on the network in clear."""
+    if tls or insecure_http or is_loopback(host):
+        return None
+    return (
+        f"--listen {host} is reachable from other machines: serve HTTPS (--tls-cert/--tls-key; "
+        "the panel pins the certificate) or, on a closed test network only, pass --insecure-http"
+    )
+
+
 def parse_listen(value: str) -> tuple[str, int]:
     """``HOST:PORT``, ``[v6]:PORT`` or ``:PORT`` (all interfaces)."""
     host, sep, port = value.rpartition(":")
@@ -417,6 +439,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--tls-cert", help="PEM certificate (chain) to serve HTTPS with")
     parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    parser.add_argument(
+        "--insecure-http",
+        action="store_true",
+        help="serve plain HTTP on a non-loopback address (the token and engine settings cross "
+        "the network readable; only for a closed test network)",
+    )
     parser.add_argument(
         "--state-dir",
         type=Path,
@@ -471,6 +499,9 @@ def main(argv: list[str] | None = None) -> int:
         policy = ExecPolicy(args.allow_exec, allow_code_loading=args.allow_code_loading)
     except ValueError as exc:
         parser.error(f"--allow-exec: {exc}")
+    refusal = cleartext_refusal(args.listen[0], bool(args.tls_cert), args.insecure_http)
+    if refusal:
+        parser.error(refusal)
     tls = None
     if args.tls_cert:
         try:

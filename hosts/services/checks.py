@@ -19,7 +19,7 @@ from hosts.choices import HostStatus, TransportKind
 from hosts.models import Host, HostCheck
 from hosts.services.hosts import offer_host_key, set_status
 from hosts.services.inventory import refresh_inventory
-from hosts.services.transports import transport_for
+from hosts.services.transports import CredentialsNotBound, transport_for
 from hosts.transport.base import AuthError, HostKeyMismatch, HostKeyUnknown, TransportError
 from hosts.transport.ssh import fetch_host_key
 
@@ -87,6 +87,10 @@ def _test_transport(host: Host) -> str:
         with transport_for(host) as transport:
             info = transport.info()
             refresh_inventory(host, transport.inventory())
+    except CredentialsNotBound as exc:
+        # Nothing was sent: the host was pointed elsewhere since its credentials were entered.
+        set_status(host, HostStatus.AUTH_FAILED, str(exc))
+        return f"credentials {exc}"
     except HostKeyMismatch as exc:
         offer_host_key(host, exc)
         return str(exc)

@@ -1,5 +1,11 @@
 """Host rows: create and update hosts (secrets audited as "changed", never with their values),
-trust a host key, and record the host's status (``set_status``, ``offer_host_key``)."""
+trust a host key, and record the host's status (``set_status``, ``offer_host_key``).
+
+Two rules guard an update whatever the caller (form, admin, API): a host pointed at another
+destination keeps no credential that was not entered again for it (``HostChangeRefused``
+otherwise; the other transport's leftovers and the SSH host-key trust are dropped), and only
+an Admin (``hosts.change_host_protection``) changes the labels that set how many approvals
+its changes need."""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ from django.utils import timezone
 from controlpanel.realtime import group_name, publish
 from controlpanel.services import audit, snapshot
 from hosts.choices import HostStatus
-from hosts.models import Host
+from hosts.models import SECRET_FIELDS, TRANSPORT_SECRETS, Host, same_secret
 from hosts.services.transports import forget_transport
 from hosts.transport.base import HostKeyMismatch, HostKeyUnknown
 
@@ -26,18 +32,37 @@ HOST_FIELDS = [
     "hourly_price",
     "description",
     "agent_tls",
+    "agent_ca_cert",
     "ssh_username",
     "ssh_python",
     "ssh_host_key_fingerprint",
 ]
-# Secrets are audited as "changed", never with their values.
-SECRET_FIELDS = ["agent_token", "ssh_private_key", "ssh_key_passphrase"]
+PROTECTION_PERMISSION = "hosts.change_host_protection"
+
+
+class HostChangeRefused(ValueError):
+    """An update the rules do not allow; nothing was saved. The message says what to do."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 def _stored(host: Host) -> dict:
     # Read back from the database so both sides of a diff have the stored precision
     # (a form's Decimal("2.5") is stored as 2.5000).
-    return snapshot(Host.objects.get(pk=host.pk), HOST_FIELDS)
+    return _snapshot(Host.objects.get(pk=host.pk))
+
+
+def _snapshot(host: Host) -> dict:
+    data = snapshot(host, HOST_FIELDS)
+    data["destination"] = host.destination
+    return data
+
+
+def may_change_protection(actor) -> bool:
+    """The system (actor None) and Admins may; the one rule for the form and the service."""
+    return actor is None or actor.has_perm(PROTECTION_PERMISSION)
 
 
 def create_host(actor, form) -> Host:
@@ -48,35 +73,86 @@ def create_host(actor, form) -> Host:
 
 
 def update_host(actor, host: Host, form) -> Host:
+    """Save the form's changes to ``host``; ``HostChangeRefused`` (nothing saved) when they
+    keep a credential for a new destination or change protection without the permission."""
     with transaction.atomic():
-        before = _stored(host)
-        secrets_before = _secret_marks(host.pk)
+        stored = Host.objects.select_for_update().get(pk=host.pk)
+        before = _snapshot(stored)
         host = form.save(commit=False)
-        if any(before[f] != getattr(host, f) for f in ("address", "port", "transport")):
-            # Another address may be another machine: its key must be accepted again.
-            host.ssh_host_key_fingerprint = ""
-            host.status = HostStatus.UNKNOWN
+        entered = host.entered_secrets
+        if host.protection != stored.protection and not may_change_protection(actor):
+            raise HostChangeRefused(_protection_refusal(stored), field="labels")
+        cleared = _drop_trust_if_moved(stored, host)
         host.save()
         form.save_m2m()
         after = _stored(host)
-        changed = [k for k, v in _secret_marks(host.pk).items() if v != secrets_before[k]]
+        changed = sorted(
+            name
+            for name in SECRET_FIELDS
+            if name in entered or not same_secret(getattr(host, name), getattr(stored, name))
+        )
         if changed:
             after["secrets_changed"] = changed
+        if cleared:
+            after["credentials_cleared"] = cleared
         if after != before:
             audit(actor, "host.update", host, before=before, after=after)
+        if host.protection != stored.protection:
+            audit(
+                actor,
+                "host.protection_change",
+                host,
+                before={"protection": stored.protection},
+                after={"protection": host.protection},
+            )
     forget_transport(host.pk)
     return host
 
 
-def _secret_marks(pk) -> dict:
-    # The stored ciphertexts: they differ exactly when a secret was replaced.
-    return dict(
-        zip(
-            SECRET_FIELDS,
-            Host.objects.filter(pk=pk).values_list(*SECRET_FIELDS).first() or [None] * 3,
-            strict=True,
-        )
+def _drop_trust_if_moved(stored: Host, host: Host) -> list[str]:
+    """When ``host`` points elsewhere than ``stored`` did, nothing trusted for the old
+    destination may follow it: refuse a kept credential of the new transport, drop the other
+    transport's leftovers and the accepted SSH host key. Returns what was dropped."""
+    if stored.destination == host.destination:
+        return []
+    cleared = []
+    for name in SECRET_FIELDS:
+        value = getattr(host, name)
+        if not value or name in host.entered_secrets:
+            continue
+        if not same_secret(value, getattr(stored, name)):
+            continue  # a new value, set by the caller for this destination
+        if name in TRANSPORT_SECRETS[host.transport]:
+            label = Host._meta.get_field(name).verbose_name
+            raise HostChangeRefused(
+                f"The host now points at {host.destination} (it was {stored.destination}): "
+                f"enter the {label} again. A stored credential is only ever sent to the "
+                "destination it was entered for.",
+                field=name,
+            )
+        setattr(host, name, "")
+        cleared.append(name)
+    if host.ssh_host_key_fingerprint or host.ssh_offered_fingerprint:
+        # Another address may be another machine: its key must be accepted again.
+        host.ssh_host_key_fingerprint = ""
+        host.ssh_offered_fingerprint = ""
+        host.ssh_offered_key_type = ""
+        cleared.append("ssh_host_key_fingerprint")
+    host.status = HostStatus.UNKNOWN
+    return cleared
+
+
+def _protection_refusal(stored: Host) -> str:
+    keys = ", ".join(stored.protection) or "protection"
+    return (
+        f"Only an Admin may change the label {keys}: it sets how many approvals this host's "
+        f"changes need (now {_describe_protection(stored)}). Put it back as it was to save "
+        "your other changes, or ask an Admin."
     )
+
+
+def _describe_protection(host: Host) -> str:
+    return ", ".join(f"{k}={v}" if v is not None else f"no {k}" for k, v in host.protection.items())
 
 
 def accept_host_key(actor, host: Host) -> Host:

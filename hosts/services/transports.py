@@ -1,5 +1,6 @@
 """How the panel reaches a host: a transport built from the host's stored settings (secrets
-decrypted here only), and the poller's cache of one open transport per host."""
+decrypted here only, and only for the destination they were entered for), and the poller's
+cache of one open transport per host."""
 
 from __future__ import annotations
 
@@ -17,9 +18,25 @@ from hosts.transport.base import Transport, TransportError
 from hosts.transport.ssh import SshTransport
 
 
+class CredentialsNotBound(TransportError):
+    """The stored credentials were entered for another destination than the host's current
+    one (its address, port, transport or TLS settings changed since): nothing is sent."""
+
+
+class KeyFileRefused(TransportError):
+    """A ``file:`` SSH key reference outside SSH_KEY_DIR, or one that cannot be read."""
+
+
 def transport_for(host: Host, deployment: Deployment | None = None) -> Transport:
     """A transport to ``host`` built from its stored settings (secrets decrypted here only).
-    Over SSH, how engines are launched is the deployment's choice: operations pass theirs."""
+    Over SSH, how engines are launched is the deployment's choice: operations pass theirs.
+
+    Every path that talks to a host (checks, polls, operations, benchmarks' readings) comes
+    through here, so this is where a credential is refused for a destination it was not
+    entered for."""
+    problem = host.credential_problem()
+    if problem:
+        raise CredentialsNotBound(f"not sent: {problem}")
     try:
         if host.transport == TransportKind.SSH:
             return _ssh_transport(host, deployment)
@@ -32,7 +49,7 @@ def _ssh_transport(host: Host, deployment: Deployment | None) -> SshTransport:
     timeout = settings.TRANSPORT_TIMEOUT
     key = reveal(host.ssh_private_key)
     if key.startswith("file:"):
-        key = _read_key_file(key[5:])
+        key = read_key_file(key[5:])
     return SshTransport(
         host.address.strip("[]"),
         host.port,
@@ -60,11 +77,33 @@ def _agent_transport(host: Host) -> AgentTransport:
     )
 
 
-def _read_key_file(path: str) -> str:
+MAX_KEY_FILE_BYTES = 64 * 1024
+
+
+def key_file_path(reference: str) -> Path:
+    """The file a ``file:`` key reference names, which must lie inside SSH_KEY_DIR once
+    symlinks and ``..`` are resolved. A reference outside it is refused with the same words
+    whether or not such a file exists, so the error cannot be used to probe the worker."""
+    if not settings.SSH_KEY_DIR:
+        raise KeyFileRefused("SSH key files are disabled (SSH_KEY_DIR is empty): paste the key")
+    root = Path(settings.SSH_KEY_DIR).resolve()
+    path = (root / reference).resolve()  # an absolute reference replaces root here
+    if path == root or not path.is_relative_to(root):
+        raise KeyFileRefused(f"SSH key files must be inside SSH_KEY_DIR ({root})")
+    return path
+
+
+def read_key_file(reference: str) -> str:
+    path = key_file_path(reference)
     try:
-        return Path(path).read_text()
+        with path.open("rb") as handle:
+            data = handle.read(MAX_KEY_FILE_BYTES + 1)
     except OSError as exc:
-        raise TransportError(f"cannot read the SSH key file {path}: {exc.strerror}") from None
+        # Inside the key directory, saying what is wrong with a file reveals nothing new.
+        raise KeyFileRefused(f"cannot read the SSH key file {path}: {exc.strerror}") from None
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise KeyFileRefused(f"the SSH key file {path} is too large to be a private key")
+    return data.decode(errors="replace")
 
 
 def _ssh_launch_style(host: Host) -> str:

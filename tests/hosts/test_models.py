@@ -24,7 +24,9 @@ def test_addresses_that_could_smuggle_commands_are_refused(address):
 
 def test_port_range_and_labels():
     with pytest.raises(ValidationError) as err:
-        Host(name="h", address="h", port=70000, labels={"Bad Key": "x"}).full_clean()
+        Host(
+            name="h", address="h", port=70000, labels={"Bad Key": "x"}, agent_tls=True
+        ).full_clean()
     assert set(err.value.message_dict) == {"port", "labels"}
 
 
@@ -48,6 +50,7 @@ def test_form_parses_labels_and_defaults_port_by_transport():
             "name": "n2",
             "address": "10.1.1.2",
             "transport": "agent",
+            "agent_tls": "on",  # an agent on another machine is reached over TLS
             "agent_token": "t0ken",
             "labels": "",
             "hourly_price": "0",

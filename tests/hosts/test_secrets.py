@@ -111,6 +111,7 @@ def test_moving_an_ssh_host_forgets_its_accepted_key(client, operator):
             "transport": "ssh",
             "port": "22",
             "ssh_username": "ops",
+            "ssh_private_key": ssh_private_key(),  # a new destination: entered again
             "hourly_price": "1",
         },
     )

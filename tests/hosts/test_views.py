@@ -20,6 +20,7 @@ def test_operator_adds_a_host(client, operator):
             "name": "gpu-new",
             "address": "10.0.0.9",
             "transport": "agent",
+            "agent_tls": "on",  # an agent on another machine is reached over TLS
             "port": "",
             "agent_token": "s3cret-agent-token",
             "labels": "zone=a",
@@ -65,15 +66,16 @@ def test_edit_records_before_and_after(client, operator):
             "name": "edit-me",
             "address": host.address,
             "transport": "agent",
-            "port": "9000",
+            "port": "9100",
             "labels": "zone=test",
             "hourly_price": "2.50",
-            "description": "",
+            "description": "rack 7",
         },
     )
+    # (A new port is a new destination: the token must be typed again, see test_host_trust.)
     entry = AuditEntry.objects.get(action="host.update")
-    assert entry.before["port"] == 9100 and entry.after["port"] == 9000
-    assert entry.changed_fields == ["port"]
+    assert entry.before["description"] == "" and entry.after["description"] == "rack 7"
+    assert entry.changed_fields == ["description"]
     host.refresh_from_db()
     assert host.agent_token == "test-token"  # an empty secret field keeps the stored one
 

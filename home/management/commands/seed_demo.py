@@ -77,10 +77,14 @@ class Command(BaseCommand):
             ),
         )
         if host.labels.get("simulated") == "yes":
+            # Its agent listens on loopback in plain HTTP: the one place cleartext is allowed.
             host.transport = TransportKind.AGENT
+            host.address = "127.0.0.1"
+            host.agent_tls = False
             host.port = demo.agent_port(index)
-            host.agent_token = token
-            host.save(update_fields=["transport", "port", "agent_token"])
+            # Typed in for this destination, so the token is bound here (Host.enter_secret).
+            host.enter_secret("agent_token", token)
+            host.save(update_fields=["transport", "address", "agent_tls", "port", "agent_token"])
         return host
 
     def _deployment(self, host: Host, index: int, spec: demo.DemoHost) -> Deployment:
