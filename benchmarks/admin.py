@@ -1,16 +1,23 @@
 from django.contrib import admin
+from django.db import models
 
 from benchmarks.models import BenchmarkRun, ImportJob, LoadProfile, Price
+from controlpanel.forms import UserJSONField
+
+# JSON typed in the admin goes through the same parser as the pages' (no NUL, no deep nesting).
+JSON_FIELDS = {models.JSONField: {"form_class": UserJSONField}}
 
 
 @admin.register(LoadProfile)
 class LoadProfileAdmin(admin.ModelAdmin):
+    formfield_overrides = JSON_FIELDS
     list_display = ["name", "version", "source", "summary", "created_at"]
     list_filter = ["source"]
 
 
 @admin.register(BenchmarkRun)
 class BenchmarkRunAdmin(admin.ModelAdmin):
+    formfield_overrides = JSON_FIELDS
     list_display = ["__str__", "deployment", "load_profile", "status", "created_at"]
     list_filter = ["status", "source"]
     raw_id_fields = ["deployment", "engine_config", "load_profile"]

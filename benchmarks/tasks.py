@@ -26,7 +26,7 @@ def run_benchmark(run_pk: int) -> None:
 
 @shared_task(ignore_result=True, **timelimits.FAIL_STALE_RUNS.options())
 def fail_stale_runs() -> int:
-    return len(runs.fail_stale_runs())
+    return len(runs.fail_stale_runs()) + len(imports.fail_stale_imports())
 
 
 @shared_task(**timelimits.IMPORT_RESULT.options())

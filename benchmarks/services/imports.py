@@ -113,6 +113,26 @@ def fail_import(job: ImportJob, reason: str) -> None:
     _delete_upload(job)
 
 
+def fail_stale_imports(now=None) -> list[ImportJob]:
+    """Fail the jobs no worker finished although their time limit and a wait in the queue
+    have passed (the worker was lost, or the embedded worker's in-memory queue with its
+    process), deleting their uploads. Run by beat with the sweep of stale runs."""
+    now = now or timezone.now()
+    limit = timedelta(seconds=timelimits.IMPORT_RESULT.hard + timelimits.QUEUE_WAIT_MARGIN)
+    stale = ImportJob.objects.filter(
+        status__in=[OperationStatus.QUEUED, OperationStatus.RUNNING], created_at__lt=now - limit
+    )
+    failed = []
+    for job in stale:
+        fail_import(
+            job,
+            f"No worker finished this import within {limit.total_seconds() / 60:.0f} minutes "
+            "(the worker was lost): upload the file again.",
+        )
+        failed.append(job)
+    return failed
+
+
 def import_run(
     actor,
     deployment: Deployment,

@@ -13,6 +13,7 @@ import os
 import random
 import stat
 import tracemalloc
+from datetime import timedelta
 from pathlib import Path
 from unittest import mock
 
@@ -20,6 +21,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import TestCase
 from django.urls import reverse
+from django.utils import timezone
 
 from benchmarks import importers, records, tasks
 from benchmarks.loadgen.stats import describe
@@ -386,3 +388,16 @@ def test_progress_is_written_to_the_job_about_a_hundred_times(tmp_path, var_dir)
     ]
     assert 10 < len(fractions) <= 2 * 100 + 10
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
+
+
+def test_a_job_no_worker_finished_is_failed_by_the_sweep_and_its_upload_deleted(tmp_path, var_dir):
+    lost = start(write(tmp_path, vllm_file(5, 2)), make_deployment())
+    fresh = start(write(tmp_path, vllm_file(5, 2), name="fresh.json"), make_deployment())
+    ImportJob.objects.filter(pk=lost.pk).update(
+        status="running", created_at=timezone.now() - timedelta(hours=1)
+    )
+    assert tasks.fail_stale_runs() == 1
+    lost.refresh_from_db()
+    fresh.refresh_from_db()
+    assert lost.status == "failed" and "No worker finished this import" in lost.error
+    assert lost.path == "" and fresh.status == "queued" and Path(fresh.path).exists()

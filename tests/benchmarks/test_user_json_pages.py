@@ -127,3 +127,16 @@ def test_run_import_label_with_nul_is_a_form_error(operator_client, var_dir):
 def var_dir(settings, tmp_path):
     settings.VAR_DIR = tmp_path
     return tmp_path
+
+
+def test_admin_json_fields_use_the_user_json_parser(rf, admin_user):
+    from django.contrib import admin
+
+    from controlpanel.forms import UserJSONField
+
+    request = rf.get("/")
+    request.user = admin_user
+    form = admin.site._registry[LoadProfile].get_form(request)
+    assert isinstance(form.base_fields["spec"], UserJSONField)
+    bound = form(data={"name": "n", "version": 1, "spec": '{"a": "\\u0000"}', "source": "manual"})
+    assert not bound.is_valid() and "NUL character" in bound.errors["spec"][0]
