@@ -472,3 +472,16 @@ def test_the_agent_refuses_plain_http_on_a_network_address(token_file, capsys):
     assert agent_server.cleartext_refusal("10.0.0.5", tls=False, insecure_http=True) is None
     assert agent_server.cleartext_refusal("127.0.0.1", tls=False, insecure_http=False) is None
     assert agent_server.cleartext_refusal("::1", tls=False, insecure_http=False) is None
+
+
+# --- item 8 (labels): a NUL in a label is a form error, not a database error ---------------
+
+
+@pytest.mark.parametrize("labels", ["zone=a\x00b", "zone=a\x07"])
+def test_a_control_character_in_a_label_is_a_form_error(client, operator, labels):
+    client.force_login(operator)
+    data = agent_data("127.0.0.1", labels=labels)
+    response = client.post(reverse("hosts:create"), data)
+    assert response.status_code == 200
+    assert "must not contain control characters" in response.content.decode()
+    assert not Host.objects.exists()
