@@ -512,6 +512,40 @@ VERDICT_METRICS = (*(check.metric for check in CHECKS), INFORMATIVE)
 PREFIX_HIT_TOLERANCE = 0.10
 # Under this many successful requests a p95 is the slowest request or two: no verdict on it.
 MIN_REQUESTS = 20
+# The confidence of the run-to-run noise band around a p95 (``quantile_interval``).
+NOISE_Z = 1.96
+
+
+def quantile_interval(values: Iterable[float], q: float = 0.95, z: float = NOISE_Z):
+    """A distribution-free confidence interval of the ``q`` quantile of ``values`` (order
+    statistics around rank n·q, binomial spread ±z·√(n·q·(1-q))): ``(low, high)``, or None
+    under MIN_REQUESTS values. The band within which a second run of the same load would put
+    its p95: a difference inside it is noise, not the change."""
+    ordered = sorted(v for v in values if v is not None and math.isfinite(v))
+    n = len(ordered)
+    if n < MIN_REQUESTS:
+        return None
+    spread = z * math.sqrt(n * q * (1 - q))
+    low = max(1, math.ceil(n * q - spread))
+    high = min(n, math.ceil(n * q + spread))
+    return ordered[low - 1], ordered[high - 1]
+
+
+def _within_noise(check: dict, limit: float, band) -> None:
+    """Turn a pass or a failure the noise band cannot separate from the limit into "cannot
+    tell": the change's range is the verification's band over the baseline's."""
+    (b_low, b_high), (a_low, a_high) = band
+    if not b_low or check["ok"] is None:
+        return
+    low, high = a_low / b_high - 1, a_high / b_low - 1
+    check["noise"] = [round(low, 4), round(high, 4)]
+    if low <= limit < high:
+        check.update(
+            ok=None,
+            note=f"within run-to-run noise ({low:+.0%} to {high:+.0%} against +{limit:.0%})",
+        )
+
+
 # The cache state of an engine at a run's start (``Conditions.cache_state``).
 COLD, WARM, UNKNOWN = "cold", "warm", "unknown"
 CACHE_STATES = {
@@ -636,6 +670,7 @@ def verdict(
     conditions: tuple[Mapping, Mapping] | None = None,
     *,
     cache_changed: bool = False,
+    noise: Mapping[str, tuple] | None = None,
 ) -> dict:
     """Compare two runs' numbers (``run_numbers``: ``error_rate``, ``ttft_p95_ms``,
     ``itl_p95_ms`` and the throughput, informative only) by ``CHECKS``, after checking that
@@ -651,6 +686,10 @@ def verdict(
       requests): no verdict, ``reason`` says why. Never reported as "within limits".
     - ``"verified"``: every check judged and within its threshold.
 
+    ``noise``: ``{metric: (baseline band, verification band)}`` (``quantile_interval`` of
+    each run's requests): a latency whose change could lie on either side of its limit within
+    the bands is not judged ("within run-to-run noise"), rather than passed or failed.
+
     ``regressed`` is kept as the boolean the pipeline rolls back on."""
     before_conditions, after_conditions = conditions or ({}, {})
     compared = compare_conditions(before_conditions, after_conditions, cache_changed=cache_changed)
@@ -661,6 +700,10 @@ def verdict(
         for rule, check in judged:
             if isinstance(rule, RelativeCheck) and check["ok"] is not None:
                 check.update(ok=None, note=f"too few requests ({few}) for a p95")
+    for rule, check in judged:
+        band = (noise or {}).get(rule.metric.key)
+        if band and all(band) and isinstance(rule, RelativeCheck):
+            _within_noise(check, getattr(limits, rule.threshold), band)
     if compared["differ"]:
         # Latencies measured under different conditions say nothing about the change; more
         # errors still do, unless the baseline itself is unusable.

@@ -8,7 +8,8 @@ import httpx
 from django.conf import settings as conf
 from django.urls import reverse
 
-from benchmarks.models import BenchmarkRun
+from benchmarks import records
+from benchmarks.models import BenchmarkRun, RunRequestLog
 from benchmarks.services import runs as benchmark_runs
 from benchmarks.services.results import error_threshold_problem
 from changes import advice
@@ -140,7 +141,28 @@ def judge(change: ChangeRequest) -> dict:
         ),
         (conditions(baseline), conditions(run)),
         cache_changed=advice.alters_cache(engine, _changed_flags(change)),
+        noise={"ttft_p95_ms": (ttft_p95_band(baseline), ttft_p95_band(run))},
     )
+
+
+def ttft_p95_band(run: BenchmarkRun | None):
+    """The run-to-run noise band of the run's TTFT p95, from its successful requests' TTFTs
+    (its request log), or None without a log or with too few requests. ITL has no such band:
+    the log keeps each request's mean and worst gap, not the pooled gaps a p95 ITL is of."""
+    if run is None:
+        return None
+    blob = RunRequestLog.objects.filter(run=run).values_list("data", flat=True).first()
+    if blob is None:
+        return None
+    try:
+        ttfts = [
+            row["ttft_ms"]
+            for row in records.iter_rows(bytes(blob))
+            if row["error_class"] is None and row["ttft_ms"] is not None
+        ]
+    except records.RecordLogError:
+        return None
+    return advice.quantile_interval(ttfts)
 
 
 def _changed_flags(change: ChangeRequest) -> set[str]:

@@ -233,3 +233,43 @@ def test_a_restart_before_the_baseline_that_fails_says_the_engine_needs_attentio
     assert change.state == "failed"
     assert "the restart of v1 before the baseline failed: CUDA OOM" in change.outcome
     assert change.applied_config is None and change.baseline_run is None
+
+
+def request(index: int, ttft_s: float | None) -> dict:
+    """One measured request as the load generator records it (failed when ``ttft_s`` is
+    None)."""
+    sent = 1.0 + index
+    first = None if ttft_s is None else sent + ttft_s
+    return {
+        "index": index,
+        "stage": "main",
+        "warmup": False,
+        "input_len": 512,
+        "max_tokens": 2,
+        "prompt_tokens": 510,
+        "output_tokens": 0 if first is None else 2,
+        "token_source": "usage",
+        "scheduled": sent,
+        "sent": sent,
+        "first_token": first,
+        "end": sent + 0.5 if first is None else first + 0.01,
+        "chunk_times": [] if first is None else [first, first + 0.01],
+        "status": 500 if first is None else 200,
+        "error_class": "http_500" if first is None else None,
+        "error": "boom" if first is None else "",
+        "prefix_id": None,
+    }
+
+
+def test_the_ttft_noise_band_is_read_from_the_runs_request_log(deployment, profile):
+    from benchmarks import records
+    from benchmarks.models import RunRequestLog
+
+    run = make_finished_run(deployment, load_profile=profile)
+    assert verification.ttft_p95_band(run) is None  # no request log: no band
+    # 100 successful requests at 101..200 ms, and failed ones that have no TTFT.
+    logged = [request(i, (101 + i) / 1000) for i in range(100)]
+    logged += [request(100 + i, None) for i in range(5)]
+    RunRequestLog.objects.create(run=run, count=len(logged), data=records.encode(logged))
+    low, high = verification.ttft_p95_band(run)
+    assert (round(low), round(high)) == (191, 200)

@@ -145,3 +145,48 @@ def test_which_flags_alter_the_cache():
     assert advice.alters_cache("vllm", {"enable_prefix_caching"})
     assert advice.alters_cache("sglang", {"disable_radix_cache", "max_running_requests"})
     assert not advice.alters_cache("vllm", {"max_num_seqs"})
+
+
+# --- run-to-run noise ---------------------------------------------------------------------------
+def test_the_p95_band_comes_from_order_statistics():
+    assert advice.quantile_interval(range(advice.MIN_REQUESTS - 1)) is None
+    # 100 requests: the p95 lies between the 91st and the 100th with 95 % confidence.
+    assert advice.quantile_interval(float(v) for v in range(1, 101)) == (91.0, 100.0)
+    # More requests, a narrower band around the 950th of 1000.
+    low, high = advice.quantile_interval(float(v) for v in range(1, 1001))
+    assert 930 < low < 950 < high < 965
+
+
+def band(p95: float, spread: float) -> tuple[float, float]:
+    return p95 * (1 - spread), p95 * (1 + spread)
+
+
+def test_a_difference_within_the_noise_cannot_tell_either_way():
+    """+25 % against a limit of +20 %, each p95 known only to ±15 %: no rollback on noise."""
+    slow = {**NUMBERS, "ttft_p95_ms": 500.0}
+    noisy = {"ttft_p95_ms": (band(400.0, 0.15), band(500.0, 0.15))}
+    result = judge(COLD, COLD, verification=slow, noise=noisy)
+    assert result["outcome"] == "inconclusive" and not result["regressed"]
+    ttft = next(c for c in result["checks"] if c["metric"] == "ttft_p95_ms")
+    assert ttft["ok"] is None and ttft["note"].startswith("within run-to-run noise")
+    assert "within run-to-run noise" in advice.verdict_text(result)
+    # +10 % is no pass either when the band reaches past the limit.
+    near = {**NUMBERS, "ttft_p95_ms": 440.0}
+    result = judge(
+        COLD, COLD, verification=near, noise={"ttft_p95_ms": (band(400, 0.15), band(440, 0.15))}
+    )
+    assert result["outcome"] == "inconclusive"
+
+
+def test_a_difference_beyond_the_noise_is_judged():
+    tight = {"ttft_p95_ms": (band(400.0, 0.02), band(500.0, 0.02))}
+    result = judge(COLD, COLD, verification={**NUMBERS, "ttft_p95_ms": 500.0}, noise=tight)
+    assert result["outcome"] == "regressed"
+    ttft = next(c for c in result["checks"] if c["metric"] == "ttft_p95_ms")
+    assert ttft["noise"][0] > 0.2
+    same = {"ttft_p95_ms": (band(400.0, 0.02), band(410.0, 0.02))}
+    result = judge(COLD, COLD, verification={**NUMBERS, "ttft_p95_ms": 410.0}, noise=same)
+    assert result["outcome"] == "verified"
+    # Without a band (no request log) the p95s are compared as they are.
+    result = judge(COLD, COLD, noise={"ttft_p95_ms": (None, band(400.0, 0.5))})
+    assert result["outcome"] == "verified"

