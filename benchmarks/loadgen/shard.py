@@ -24,7 +24,7 @@ from benchmarks.loadgen.runner import (
     arun_with,
 )
 from benchmarks.loadgen.spec import LoadSpec, Stage
-from benchmarks.loadgen.stats import RequestRecord, summarize
+from benchmarks.loadgen.stats import RequestRecord, engine_state, summarize
 from benchmarks.loadgen.transport import new_event_loop_factory
 
 TICK_SUMS = (
@@ -119,6 +119,7 @@ def _worker(spec: LoadSpec, shard: tuple[int, int], out, cancel) -> None:
                 "timestamps": result.summary["timestamps"],
                 "cancelled": result.cancelled,
                 "stopped_early": result.stopped_early,
+                "stopped_on_errors": result.stopped_on_errors,
             },
         )
     )
@@ -236,6 +237,14 @@ class ShardedRun:
             cancelled=any(p["cancelled"] for p in done.values()),
             stopped_early=next(
                 (p["stopped_early"] for p in done.values() if p["stopped_early"]), None
+            ),
+            # Each worker judges the engine on its own share: one that stopped says why.
+            stopped_on_errors=next(
+                (p["stopped_on_errors"] for p in done.values() if p["stopped_on_errors"]), None
+            ),
+            failures=engine_state(
+                (r for r in kept if not r.warmup),
+                self.spec.base_url.rstrip("/") + self.spec.endpoint,
             ),
             records=[r.to_dict() for r in records] if self.spec.record_requests else None,
             notes=first["notes"],

@@ -10,6 +10,7 @@ import asyncio
 from benchmarks.loadgen import Dataset, LengthDist, LoadRun, LoadSpec, Stage
 from benchmarks.loadgen.__main__ import main as cli
 from benchmarks.loadgen.runner import ErrorStop, arun_with
+from benchmarks.loadgen.shard import ShardedRun
 from benchmarks.loadgen.stats import ErrorWindow, RequestRecord, engine_state
 
 PLANNED = 100_000
@@ -123,3 +124,12 @@ def test_the_error_window_counts_only_its_last_requests():
     assert window.full and window.failed == 0 and window.rate == 0.0
     window.add(_record(5, error_class="connection"))
     assert window.failed == 1 and round(window.rate, 3) == 0.333
+
+
+def test_a_sharded_run_says_why_a_worker_stopped(fixed_server):
+    server = fixed_server(mode="error_500")
+    sharded = spec(server, workers=2, max_error_rate=0.5, min_requests_for_error_rate=10)
+    result = ShardedRun(sharded).execute().to_dict()
+    assert result["completed"] + result["failed"] < PLANNED
+    assert "engine answered HTTP 500" in result["stopped_on_errors"]
+    assert result["failures"].startswith("engine answered HTTP 500 for 100% of ")
