@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 from django.conf import settings
 from django.utils.regex_helper import _lazy_re_compile
-from django.views.debug import SafeExceptionReporterFilter
+from django.views.debug import ExceptionReporter, SafeExceptionReporterFilter
 
 from controlpanel.logfilters import URL_PASSWORD, scrub
 
@@ -125,3 +125,19 @@ class SecretsExceptionReporterFilter(SafeExceptionReporterFilter):
             yield
         finally:
             self._local.secrets = None
+
+
+class SecretsExceptionReporter(ExceptionReporter):
+    """DEFAULT_EXCEPTION_REPORTER: the exception's own message is scrubbed too (an HTTP
+    client's error names the webhook URL it could not reach)."""
+
+    def get_traceback_data(self):
+        data = super().get_traceback_data()
+        secrets = self.filter.secret_values() if hasattr(self.filter, "secret_values") else set()
+        for key in ("exception_value", "exception_notes", "request_insecure_uri"):
+            if isinstance(data.get(key), str):
+                data[key] = scrub(data[key], secrets)
+        for frame in data.get("frames", []):
+            if frame.get("exc_cause") is not None:
+                frame["exc_cause"] = scrub(str(frame["exc_cause"]), secrets)
+        return data

@@ -279,6 +279,7 @@ SESSION_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
 # Error pages (DEBUG=true) and error mails hide every secret setting and URL password.
 DEFAULT_EXCEPTION_REPORTER_FILTER = "controlpanel.redaction.SecretsExceptionReporterFilter"
+DEFAULT_EXCEPTION_REPORTER = "controlpanel.redaction.SecretsExceptionReporter"
 
 # --- Login throttling (django-axes) ----------------------------------------------------------
 # An account is locked after LOGIN_FAILURE_LIMIT failures from any address, and an address

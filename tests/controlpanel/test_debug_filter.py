@@ -42,7 +42,7 @@ def error_page(request) -> str:
     url = WEBHOOK  # noqa: F841 - shown by the debug page's frame variables
     target = {"broker": REDIS}  # noqa: F841
     try:
-        raise RuntimeError("the webhook did not answer")
+        raise RuntimeError(f"the webhook did not answer: POST {url}")
     except RuntimeError:
         return technical_500_response(request, *sys.exc_info()).content.decode()
 
@@ -69,3 +69,4 @@ def test_the_filter_is_the_default_one():
     assert settings.DEFAULT_EXCEPTION_REPORTER_FILTER == (
         "controlpanel.redaction.SecretsExceptionReporterFilter"
     )
+    assert settings.DEFAULT_EXCEPTION_REPORTER == "controlpanel.redaction.SecretsExceptionReporter"
