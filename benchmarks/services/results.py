@@ -25,7 +25,8 @@ NOT_SUMMARY = {
     "records",
     "cancelled",
     "stopped_early",
-    "engine_failure",
+    "stopped_on_errors",
+    "failures",
     "panel",
 }
 

@@ -138,6 +138,7 @@ def test_an_engine_answering_only_errors_fails_the_run_after_the_first_requests(
     assert run.status == "failed" and run.completed == 0 and 10 <= run.failed < 20
     assert run.error.startswith("stopped early: none of the first 10 requests succeeded; ")
     assert "engine answered HTTP 500 for 100% of 10 requests" in run.error
+    assert "failures" not in run.summary and "stopped_on_errors" not in run.summary
 
 
 @pytest.mark.django_db(transaction=True)
