@@ -49,4 +49,9 @@ class RedactSecrets(logging.Filter):
         safe = scrub(message)
         if safe != message:
             record.msg, record.args = safe, None
+        if record.exc_info and not record.exc_text:
+            # The formatter reuses exc_text: the traceback's messages are scrubbed once, here.
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = scrub(record.exc_text)
         return True

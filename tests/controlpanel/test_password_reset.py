@@ -109,11 +109,16 @@ def test_reset_tokens_and_url_passwords_never_reach_the_log():
         )
         log.warning("broker at redis://:hunter2-secret@redis:6379/0 is down")
         log.warning("GET /accounts/reset/MQ/set-password/")
+        try:
+            raise ConnectionError("redis://:hunter2-secret@redis:6379/0 refused")
+        except ConnectionError:
+            log.exception("could not publish")
     finally:
         log.removeHandler(handler)
     text = stream.getvalue()
     assert "cz7k-1f2e3d4c5b6a" not in text and "/accounts/reset/MQ/" in text
     assert "hunter2-secret" not in text and "redis://:" in text
+    assert "ConnectionError" in text  # the traceback is kept, without the password
     assert "/accounts/reset/MQ/set-password/" in text  # no token in it: kept for debugging
 
 
