@@ -180,17 +180,23 @@ def test_a_redelivered_running_operation_is_closed_with_what_the_host_runs(
     assert deployment.status == DeploymentStatus.RUNNING
 
 
-def test_an_ssh_key_can_live_in_a_file_on_the_panel(tmp_path, monkeypatch):
+def test_an_ssh_key_can_live_in_a_file_on_the_panel(tmp_path, monkeypatch, settings):
+    settings.SSH_KEY_DIR = str(tmp_path)  # key files are read from SSH_KEY_DIR only
     built = []
     monkeypatch.setattr(transports, "SshTransport", lambda *a, **kw: built.append(kw) or kw)
     text = ssh_private_key()
     (tmp_path / "id_ed25519").write_text(text)
-    host = make_host(transport="ssh", port=22, ssh_username="ops")
-    host.ssh_private_key = f"file:{tmp_path / 'id_ed25519'}"
+    host = make_host(
+        transport="ssh",
+        port=22,
+        ssh_username="ops",
+        ssh_private_key=f"file:{tmp_path / 'id_ed25519'}",
+    )
 
     transports.transport_for(host)
 
     assert built[0]["private_key"] == text
     host.ssh_private_key = f"file:{tmp_path / 'missing'}"
+    host.save()  # saved, so bound to the host's destination like any entered key
     with pytest.raises(TransportError, match="cannot read the SSH key file .*missing"):
         transports.transport_for(host)
