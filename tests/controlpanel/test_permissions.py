@@ -39,6 +39,8 @@ MATRIX = [
     ("benchmarks:part", "get", ALL),
     ("benchmarks:compare", "get", ALL),
     ("benchmarks:import", "get", OPERATORS),
+    ("benchmarks:import_job", "get", OPERATORS),
+    ("benchmarks:import_job_progress", "get", OPERATORS),
     ("benchmarks:export_json", "get", ALL),
     ("benchmarks:export_csv", "get", ALL),
     ("benchmarks:profiles", "get", ALL),
@@ -95,6 +97,8 @@ ARGS = {
     "hosts:operation": lambda o: [o["operation"]],
     "benchmarks:part": lambda o: [o["benchmarks"], "results"],
     "benchmarks:profile": lambda o: [o["profile"]],
+    "benchmarks:import_job": lambda o: [_import_job(o)],
+    "benchmarks:import_job_progress": lambda o: [_import_job(o)],
     "benchmarks:profile_edit": lambda o: [o["profile"]],
     "benchmarks:profile_export": lambda o: [o["profile"]],
     "benchmarks:price_edit": lambda o: [o["price"]],
@@ -130,6 +134,16 @@ def _change(o) -> int:
         },
     )
     return change.pk
+
+
+def _import_job(o) -> int:
+    """A finished import of a result file into the deployment."""
+    from benchmarks.models import ImportJob
+
+    job, _ = ImportJob.objects.get_or_create(
+        deployment_id=o["deployment"], filename="bench.json", defaults={"status": "failed"}
+    )
+    return job.pk
 
 
 def _config(o) -> int:
