@@ -17,7 +17,7 @@ from benchmarks.loadgen import traffic
 from benchmarks.loadgen.profile import normalize, validate
 from benchmarks.loadgen.spec import SpecError
 from benchmarks.models import LoadProfile
-from benchmarks.services.profiles import unsign_sample
+from benchmarks.services.profiles import MAX_IMPORT_BYTES, unsign_sample
 from controlpanel import userjson
 
 ENDPOINTS = [
@@ -498,3 +498,13 @@ class ImportForm(forms.Form):
         help_text='A file exported by a panel: {"format": "llm-control-panel/load-profile", …}',
     )
     note = forms.CharField(max_length=200, required=False, label="What changed")
+
+    def clean_file(self):
+        # Refused by its size before anything reads it into memory.
+        upload = self.cleaned_data["file"]
+        if upload.size > MAX_IMPORT_BYTES:
+            raise forms.ValidationError(
+                f"The file is {upload.size / 2**20:.0f} MB; an exported profile is at most "
+                f"{MAX_IMPORT_BYTES // 2**20} MB."
+            )
+        return upload

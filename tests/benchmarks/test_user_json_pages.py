@@ -7,6 +7,7 @@ latter."""
 from __future__ import annotations
 
 import json
+from unittest import mock
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -140,3 +141,14 @@ def test_admin_json_fields_use_the_user_json_parser(rf, admin_user):
     assert isinstance(form.base_fields["spec"], UserJSONField)
     bound = form(data={"name": "n", "version": 1, "spec": '{"a": "\\u0000"}', "source": "manual"})
     assert not bound.is_valid() and "NUL character" in bound.errors["spec"][0]
+
+
+def test_a_profile_import_too_large_is_refused_before_it_is_read(operator_client, monkeypatch):
+    from benchmarks.forms import profiles as forms
+
+    monkeypatch.setattr(forms, "MAX_IMPORT_BYTES", 10)
+    upload = SimpleUploadedFile("x.json", b'{"format": "x", "padding": "0123456789"}')
+    with mock.patch("benchmarks.services.profiles.import_profile") as import_profile:
+        response = operator_client.post(reverse("benchmarks:profile_import"), {"file": upload})
+    assert response.status_code == 200 and not import_profile.called
+    assert "an exported profile is at most" in response.content.decode()
