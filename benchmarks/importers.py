@@ -34,6 +34,7 @@ import os
 import re
 from array import array
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import accumulate
@@ -74,8 +75,9 @@ MAX_TEXT = 500  # longest free-text header value kept from a vllm file (--metada
 # per-request lists are skipped without being built.
 NUMBER_LISTS = ("ttfts", "input_lens", "output_lens", "start_times", "e2els", "latencies")
 SECOND_PASS = ("records", "itls")
-SKIPPED = tuple(k for k in DETAILED + DETAILED_EXTRA if k not in NUMBER_LISTS + SECOND_PASS)
-SKIPPED = tuple(k for k in SKIPPED if k != "errors")
+SKIPPED = tuple(
+    k for k in DETAILED + DETAILED_EXTRA if k not in (*NUMBER_LISTS, *SECOND_PASS, "errors")
+)
 READ_SIZE = 64 * 1024  # bytes asked of the file at a time
 # Everything else (summary, spec, stages, timeline, panel) is built as Python values: this
 # many scalars at most, and nested at most this deep, so no file can make them unbounded.
@@ -111,7 +113,7 @@ def read(path: str | os.PathLike, progress: Progress | None = None) -> Imported:
     ``progress(what, bytes_read, fraction)`` is called as bytes are read (two passes, each
     half of the work; a file that needs one pass jumps to the end)."""
     size = os.path.getsize(path)
-    return _read(lambda: open(path, "rb"), size, progress)  # noqa: SIM115 - closed by _read
+    return _read(lambda: open(path, "rb"), size, progress)  # noqa: SIM115 - closed by _opened
 
 
 def parse(data) -> Imported:
@@ -137,11 +139,11 @@ def _read(opener: Callable[[], io.RawIOBase], size: int, progress: Progress | No
         return lambda done: progress(what, done, (offset + done) / total)
 
     non_finite = _has_non_finite(opener)
-    with _open(opener, non_finite, report("reading the file", 0)) as (stream, counted):
+    with _opened(opener, non_finite, report("reading the file", 0)) as (stream, counted):
         scanned = _scan(stream, counted)
 
     def second_pass(prefix: str):
-        with _open(opener, non_finite, report("reading the per-request lists", size)) as (
+        with _opened(opener, non_finite, report("reading the per-request lists", size)) as (
             stream,
             counted,
         ):
@@ -173,22 +175,16 @@ def _read(opener: Callable[[], io.RawIOBase], size: int, progress: Progress | No
 
 
 # --- the stream ---------------------------------------------------------------------------
-class _open:  # noqa: N801 - used as a context manager, like open()
+@contextmanager
+def _opened(opener, non_finite: bool, report):
     """The file from its start (a UTF-8 byte order mark skipped), counting the bytes read
-    and, when the file has any, turning Python's non-JSON constants into JSON."""
-
-    def __init__(self, opener, non_finite: bool, report):
-        self.opener, self.non_finite, self.report = opener, non_finite, report
-
-    def __enter__(self):
-        self.raw = self.opener()
-        if self.raw.read(3) != b"\xef\xbb\xbf":
-            self.raw.seek(0)
-        counted = _Counting(self.raw, self.report)
-        return (_NonFiniteAsText(counted) if self.non_finite else counted), counted
-
-    def __exit__(self, *exc):
-        self.raw.close()
+    and, when the file has any, turning Python's non-JSON constants into JSON. Yields the
+    stream to parse and its counter."""
+    with opener() as raw:
+        if raw.read(3) != b"\xef\xbb\xbf":
+            raw.seek(0)
+        counted = _Counting(raw, report)
+        yield (_NonFiniteAsText(counted) if non_finite else counted), counted
 
 
 class _Counting:
