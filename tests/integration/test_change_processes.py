@@ -132,6 +132,7 @@ async def stream(operator, change, worker, redis_url) -> list[dict]:
         events.append(message)
         if message["type"] == "change.state" and message["data"]["state"] in (
             "applied",
+            "unverified",
             "rolled_back",
             "failed",
         ):
