@@ -151,7 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=0, help="warm-up requests, not measured")
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--ready-timeout", type=float, default=60.0)
-    p.add_argument("--max-error-rate", type=float, default=None)
+    p.add_argument(
+        "--max-error-rate",
+        type=float,
+        default=None,
+        help="stop early (exit status 3) when more than this share (0-1) of the last 20 "
+        "finished requests failed: the engine is failing, the numbers would describe that",
+    )
     p.add_argument("--no-server-metrics", action="store_true")
     p.add_argument("--save-result", action="store_true")
     p.add_argument("--save-detailed", action="store_true", help="include per-request records")
