@@ -1,11 +1,7 @@
 from django.contrib import admin
-from django.db import models
 
 from benchmarks.models import BenchmarkRun, ImportJob, LoadProfile, Price
-from controlpanel.forms import UserJSONField
-
-# JSON typed in the admin goes through the same parser as the pages' (no NUL, no deep nesting).
-JSON_FIELDS = {models.JSONField: {"form_class": UserJSONField}}
+from controlpanel.forms import ADMIN_JSON_FIELDS as JSON_FIELDS
 
 
 @admin.register(LoadProfile)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from django import forms
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import ValidationError
+from django.db import models
 from django.forms.fields import InvalidJSONInput, JSONString
 
 from controlpanel import userjson
@@ -103,3 +104,8 @@ class UserJSONField(forms.JSONField):
             return userjson.parse(data, what=self.what, max_depth=self.max_depth)
         except userjson.UserJSONError:
             return InvalidJSONInput(data)
+
+
+# For ModelAdmin.formfield_overrides: JSON typed in the admin goes through the same parser as
+# the pages' (no NUL, no deep nesting, no NaN).
+ADMIN_JSON_FIELDS = {models.JSONField: {"form_class": UserJSONField}}

@@ -1,5 +1,7 @@
 from django.contrib import admin
 
+from controlpanel.forms import ADMIN_JSON_FIELDS
+from hosts.engines.redaction import masked
 from hosts.models import Deployment, EngineConfig, EngineOperation, Gpu, Host, HostCheck
 
 
@@ -11,12 +13,14 @@ class GpuInline(admin.TabularInline):
 
 @admin.register(Host)
 class HostAdmin(admin.ModelAdmin):
+    formfield_overrides = ADMIN_JSON_FIELDS
     list_display = ["name", "address", "transport", "port", "status", "hourly_price"]
     search_fields = ["name", "address"]
     list_filter = ["transport", "status"]
     inlines = [GpuInline]
     # Secrets are set through the panel's host form (write-only) and never shown here; the
-    # host key is accepted through the panel's "accept" action, which audits it.
+    # host key is accepted through the panel's "accept" action, which audits it. What each
+    # secret is bound to (credential_bindings) is not editable anywhere (editable=False).
     exclude = [
         "agent_token",
         "ssh_private_key",
@@ -34,6 +38,7 @@ class GpuAdmin(admin.ModelAdmin):
 
 @admin.register(Deployment)
 class DeploymentAdmin(admin.ModelAdmin):
+    formfield_overrides = ADMIN_JSON_FIELDS
     list_display = ["name", "host", "engine", "engine_version", "model", "port", "status"]
     list_filter = ["engine", "status"]
     filter_horizontal = ["gpus"]
@@ -42,6 +47,17 @@ class DeploymentAdmin(admin.ModelAdmin):
 @admin.register(EngineConfig)
 class EngineConfigAdmin(admin.ModelAdmin):
     list_display = ["deployment", "version", "created_by", "created_at"]
+    # Secret flags (--api-key) show masked here as everywhere else.
+    exclude = ["settings", "env"]
+    readonly_fields = ["masked_settings", "masked_env"]
+
+    @admin.display(description="settings")
+    def masked_settings(self, obj):
+        return masked(obj.settings)
+
+    @admin.display(description="env")
+    def masked_env(self, obj):
+        return masked(obj.env)
 
     def has_change_permission(self, request, obj=None):
         return False  # immutable: a change is the next version
