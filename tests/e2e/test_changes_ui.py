@@ -1,8 +1,9 @@
 """A config change in a real browser on `make run`: an operator proposes one setting from the
 form generated from the engine's flag spec (with the live preview), an approver (another
 person, another browser) approves and applies it, and the proposer watches the timeline fill
-in live over the WebSocket — snapshot, baseline, apply, restart, health, verification,
-compare — until the change is applied on the demo engine."""
+in live over the WebSocket — snapshot, prepare, baseline, apply, restart, health, verification,
+compare — until the change is applied on the demo engine (verified, or not verified when the
+runs' noise straddles a threshold)."""
 
 from __future__ import annotations
 
@@ -81,10 +82,16 @@ def test_propose_approve_apply_and_watch_the_timeline(panel, browser):
             "[data-testid=timeline-item][data-stage=restart][data-status=succeeded]",
             timeout=120000,
         )
+        # Applied, or applied but not verified when this loaded machine's run-to-run noise
+        # straddles a threshold (24 requests): never rolled back on noise.
         proposer.wait_for_selector(
-            "[data-testid=timeline-item][data-stage=done][data-status=succeeded]", timeout=180000
+            "[data-testid=timeline-item][data-stage=done]"
+            ":is([data-status=succeeded], [data-status=inconclusive])",
+            timeout=180000,
         )
-        proposer.wait_for_selector("[data-change-state=applied]", timeout=15000)
+        proposer.wait_for_selector(
+            "[data-change-state=applied], [data-change-state=unverified]", timeout=15000
+        )
     except Exception:
         raise panel.failure(proposer, "the timeline did not reach 'done' live") from None
     assert proposer.evaluate("() => window.__noReload === true"), "the page was reloaded"
@@ -92,15 +99,18 @@ def test_propose_approve_apply_and_watch_the_timeline(panel, browser):
         "[data-testid=timeline-item][data-action=stage]",
         "els => els.map(e => e.dataset.stage + ':' + e.dataset.status)",
     )
+    state = proposer.get_by_test_id("change-state").get_attribute("data-change-state")
+    judged = "succeeded" if state == "applied" else "inconclusive"
     for expected in (
         "snapshot:succeeded",
+        "prepare:succeeded",
         "baseline:succeeded",
         "apply:succeeded",
         "restart:succeeded",
         "health:succeeded",
         "verify:succeeded",
-        "compare:succeeded",
-        "done:succeeded",
+        f"compare:{judged}",
+        f"done:{judged}",
     ):
         assert expected in stages, stages
     ids_shown = proposer.eval_on_selector_all(

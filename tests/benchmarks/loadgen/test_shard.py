@@ -56,9 +56,13 @@ def test_two_workers_merge_into_one_result(fixed_server):
     indices = [r["index"] for r in result.records]
     assert len(indices) == len(set(indices)) == 634
     # One time base: the two workers' open-loop arrivals interleave into one 200 req/s stream.
-    sent = sorted(r["sent"] for r in result.records if r["stage"] == "open")
-    achieved = (len(sent) - 1) / (sent[-1] - sent[0])
-    assert abs(achieved - 200) / 200 < 0.1, achieved
+    # Judged on the planned times (how fast Python got round to sending them depends on how
+    # loaded the machine is, which is client_queue's to report), and none went out early.
+    opened = [r for r in result.records if r["stage"] == "open"]
+    planned = sorted(r["scheduled"] for r in opened)
+    rate = (len(planned) - 1) / (planned[-1] - planned[0])
+    assert abs(rate - 200) / 200 < 0.1, rate
+    assert all(r["sent"] >= r["scheduled"] - 0.002 for r in opened)
     assert points and points[-1]["completed"] == 630
 
 
