@@ -34,17 +34,25 @@ import os
 import re
 from array import array
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import accumulate
 
 import ijson
-from ijson.common import ObjectBuilder
 
 from benchmarks import records as request_records
 from benchmarks.loadgen.stats import describe
 from benchmarks.metrics import LATENCIES, TTFT
+from benchmarks.resultstream import (
+    DETAILED,
+    DETAILED_EXTRA,
+    READ_SIZE,
+    Scanned,
+    has_non_finite,
+    json_error,
+    opened,
+    scan,
+)
 
 LOADGEN = "loadgen"
 VLLM_BENCH = "vllm-bench"
@@ -52,39 +60,8 @@ VLLM_BENCH = "vllm-bench"
 PERCENTILE_KEY = re.compile(
     r"^p(\d+(?:[._]\d+)?)_(" + "|".join(latency.key for latency in LATENCIES) + r")_ms$"
 )
-DETAILED = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors")
-# Per-request lists some vllm versions add; never part of the summary.
-DETAILED_EXTRA = (
-    "start_times",
-    "e2els",
-    "latencies",
-    "successes",
-    "finish_reasons",
-    "error_kinds",
-    "engine_e2els",
-    "client_latencies",
-    "retry_counts",
-    "launch_offsets",
-    "raw_chunk_gaps",
-    "chunk_token_counts",
-)
 MAX_TEXT = 500  # longest free-text header value kept from a vllm file (--metadata)
 
-# How the first pass treats a top-level list, by key. Number lists are kept one double a
-# request; these two are read in the second pass, one element at a time; the rest of the
-# per-request lists are skipped without being built.
-NUMBER_LISTS = ("ttfts", "input_lens", "output_lens", "start_times", "e2els", "latencies")
-SECOND_PASS = ("records", "itls")
-SKIPPED = tuple(
-    k for k in DETAILED + DETAILED_EXTRA if k not in (*NUMBER_LISTS, *SECOND_PASS, "errors")
-)
-READ_SIZE = 64 * 1024  # bytes asked of the file at a time
-# Everything else (summary, spec, stages, timeline, panel) is built as Python values: this
-# many scalars at most, and nested at most this deep, so no file can make them unbounded.
-MAX_BUILT_VALUES = 2_000_000
-MAX_DEPTH = 64
-ERROR_TEXT = 2000  # characters of a per-request error kept (to classify it; 200 are stored)
-_NAN = float("nan")
 
 # (what it is doing, bytes read in this pass, share of the whole work): called as it reads.
 Progress = Callable[[str, int, float], None]
@@ -113,7 +90,7 @@ def read(path: str | os.PathLike, progress: Progress | None = None) -> Imported:
     ``progress(what, bytes_read, fraction)`` is called as bytes are read (two passes, each
     half of the work; a file that needs one pass jumps to the end)."""
     size = os.path.getsize(path)
-    return _read(lambda: open(path, "rb"), size, progress)  # noqa: SIM115 - closed by _opened
+    return _read(lambda: open(path, "rb"), size, progress)  # noqa: SIM115 - closed by opened
 
 
 def parse(data) -> Imported:
@@ -138,19 +115,19 @@ def _read(opener: Callable[[], io.RawIOBase], size: int, progress: Progress | No
             return None
         return lambda done: progress(what, done, (offset + done) / total)
 
-    non_finite = _has_non_finite(opener)
-    with _opened(opener, non_finite, report("reading the file", 0)) as (stream, counted):
-        scanned = _scan(stream, counted)
+    non_finite = has_non_finite(opener)
+    with opened(opener, non_finite, report("reading the file", 0)) as (stream, counted):
+        scanned = scan(stream, counted)
 
     def second_pass(prefix: str):
-        with _opened(opener, non_finite, report("reading the per-request lists", size)) as (
+        with opened(opener, non_finite, report("reading the per-request lists", size)) as (
             stream,
             counted,
         ):
             try:
                 yield from ijson.items(stream, prefix, buf_size=READ_SIZE, use_float=True)
             except ijson.JSONError as exc:
-                raise _json_error(exc, counted) from None
+                raise json_error(exc, counted) from None
 
     present = scanned.present
     if (
@@ -174,274 +151,8 @@ def _read(opener: Callable[[], io.RawIOBase], size: int, progress: Progress | No
     return imported
 
 
-# --- the stream ---------------------------------------------------------------------------
-@contextmanager
-def _opened(opener, non_finite: bool, report):
-    """The file from its start (a UTF-8 byte order mark skipped), counting the bytes read
-    and, when the file has any, turning Python's non-JSON constants into JSON. Yields the
-    stream to parse and its counter."""
-    with opener() as raw:
-        if raw.read(3) != b"\xef\xbb\xbf":
-            raw.seek(0)
-        counted = _Counting(raw, report)
-        yield (_NonFiniteAsText(counted) if non_finite else counted), counted
-
-
-class _Counting:
-    """A binary stream that counts what is read from it and reports it."""
-
-    def __init__(self, raw, report):
-        self.raw, self.report, self.done = raw, report, 0
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.raw.read(size)
-        if data:
-            self.done += len(data)
-            if self.report:
-                self.report(self.done)
-        return data
-
-
-_CONSTANTS = {b"NaN": b"null", b"Infinity": b'"inf"', b"-Infinity": b'"-inf"'}
-_OUTSIDE = re.compile(rb'"|NaN|-?Infinity')
-_STRING_BODY = re.compile(rb'(?:[^"\\]+|\\.)*', re.DOTALL)
-_LONGEST = max(map(len, _CONSTANTS))
-
-
-def _has_non_finite(opener) -> bool:
-    """Whether the bytes NaN or Infinity occur anywhere (a fast scan, in C): only then does
-    the file go through ``_NonFiniteAsText``."""
-    with opener() as raw:
-        tail = b""
-        while chunk := raw.read(READ_SIZE):
-            window = tail + chunk
-            if b"NaN" in window or b"Infinity" in window:
-                return True
-            tail = window[-_LONGEST:]
-    return False
-
-
-class _NonFiniteAsText:
-    """Reads like the stream it wraps, with ``NaN``, ``Infinity`` and ``-Infinity`` outside
-    strings made ``null``, ``"inf"`` and ``"-inf"`` (what ``json_safe`` makes of them).
-
-    Python's ``json`` writes them for non-finite floats — our CLI for an infinite request
-    rate, vllm for a percentile of nothing — but they are not JSON and the yajl parser
-    refuses them. Strings are skipped whole (a generated text may say "NaN"), across reads."""
-
-    def __init__(self, raw):
-        self.raw = raw
-        self.in_string = False
-        self.carry = b""  # bytes held back: a constant or an escape cut by the read
-        self.out = b""
-        self.eof = False
-
-    def read(self, size: int = -1) -> bytes:
-        while not self.eof and (size < 0 or len(self.out) < max(size, 1)):
-            chunk = self.raw.read(READ_SIZE)
-            if not chunk:
-                self.eof = True
-            self.out += self._convert(self.carry + chunk, final=not chunk)
-        if size < 0:
-            size = len(self.out)
-        data, self.out = self.out[:size], self.out[size:]
-        return data
-
-    def _convert(self, data: bytes, *, final: bool) -> bytes:
-        parts = []
-        i, n = 0, len(data)
-        self.carry = b""
-        while i < n:
-            if self.in_string:
-                j = _STRING_BODY.match(data, i).end()
-                if j < n and data[j] == 0x22:  # the closing quote
-                    parts.append(data[i : j + 1])
-                    self.in_string = False
-                    i = j + 1
-                    continue
-                if j < n and not final:  # a backslash whose escaped byte is not read yet
-                    parts.append(data[i:j])
-                    self.carry = data[j:]
-                    return b"".join(parts)
-                parts.append(data[i:])
-                break
-            found = _OUTSIDE.search(data, i)
-            if found is None:
-                keep = 0 if final else _partial_constant(data, i)
-                parts.append(data[i : n - keep])
-                self.carry = data[n - keep :]
-                break
-            token = found.group()
-            if token == b'"':
-                parts.append(data[i : found.end()])
-                self.in_string = True
-            else:
-                parts.append(data[i : found.start()])
-                parts.append(_CONSTANTS[token])
-            i = found.end()
-        return b"".join(parts)
-
-
-def _partial_constant(data: bytes, start: int) -> int:
-    """How many bytes at the end of ``data`` may begin a constant the next read completes."""
-    for size in range(min(_LONGEST - 1, len(data) - start), 0, -1):
-        end = data[-size:]
-        if any(constant.startswith(end) for constant in _CONSTANTS):
-            return size
-    return 0
-
-
-def _json_error(exc: Exception, counted: _Counting) -> ValueError:
-    # yajl's message runs over several lines with a quote of the text: its first line says it.
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return ValueError(f"not valid JSON (near byte {counted.done:,}): {message}")
-
-
-# --- the first pass -----------------------------------------------------------------------
-class _Numbers:
-    """A per-request list of numbers as doubles (NaN: missing, or not a number)."""
-
-    def __init__(self, key: str):
-        self.item = f"{key}.item"
-        self.values = array("d")
-        self.all_numbers = True
-
-    def feed(self, prefix: str, event: str, value) -> None:
-        if prefix != self.item or event in ("end_map", "end_array"):
-            return  # inside an element that is a list or an object, or its end
-        if event == "number":
-            try:
-                self.values.append(float(value))
-                return
-            except OverflowError:
-                pass
-        self.values.append(_NAN)
-        self.all_numbers = False
-
-
-class _Errors:
-    """vllm's per-request error texts ("" for a success), the same text kept once."""
-
-    def __init__(self):
-        self.values: list[str] = []
-        self._texts: dict[str, str] = {}
-
-    def feed(self, prefix: str, event: str, value) -> None:
-        if prefix != "errors.item" or event in ("end_map", "end_array"):
-            return
-        if event == "string":
-            text = value[:ERROR_TEXT]
-        elif event in ("start_map", "start_array"):
-            text = "error"  # a structured error: failed, without a text we keep
-        else:
-            text = str(value) if value else ""  # null, false, 0: no error
-        self.values.append(self._texts.setdefault(text, text))
-
-
-class _Scanned:
-    """What the first pass keeps: the top-level values it built, the number lists, the
-    errors, and which per-request lists the file has."""
-
-    def __init__(self):
-        self.data: dict = {}
-        self.present: set[str] = set()
-        self.numbers: dict[str, _Numbers] = {}
-        self.errors: _Errors | None = None
-        self.lists: dict[str, bool] = {}  # SECOND_PASS key: whether it is a list
-        self.built_values = 0
-
-    def number_list(self, key: str, n: int):
-        """The list ``key`` if it has ``n`` entries; None when absent or empty (as vllm
-        leaves them); ``False`` when it is there but does not line up."""
-        if key in self.numbers:
-            values = self.numbers[key].values
-            return values if len(values) == n else (None if not values else False)
-        return False if self.data.get(key) else None
-
-    def begin(self, key: str, event: str, value):
-        """The first event of ``key``'s value: keep a scalar, or return what takes the rest
-        of the value's events (None: skip them)."""
-        if key in self.present and (
-            key in NUMBER_LISTS or key in SECOND_PASS or key in SKIPPED or key == "errors"
-        ):
-            raise ValueError(f"the file has the key {key!r} twice")
-        self.present.add(key)
-        container = event in ("start_map", "start_array")
-        if not container:
-            self.data[key] = value
-            return None
-        if key in SECOND_PASS:
-            self.lists[key] = event == "start_array"
-            return None
-        if key in SKIPPED:
-            return None
-        if event == "start_array" and key in NUMBER_LISTS:
-            self.numbers[key] = _Numbers(key)
-            return self.numbers[key].feed
-        if event == "start_array" and key == "errors":
-            self.errors = _Errors()
-            return self.errors.feed
-        return self._build(key, event, value)
-
-    def _build(self, key: str, event: str, value):
-        builder = ObjectBuilder()
-        builder.event(event, value)
-        depth = 1
-
-        def feed(prefix: str, event: str, value) -> None:
-            nonlocal depth
-            if event in ("start_map", "start_array"):
-                depth += 1
-                if depth > MAX_DEPTH:
-                    raise ValueError(f"{key!r} is nested more than {MAX_DEPTH} levels deep")
-            elif event in ("end_map", "end_array"):
-                depth -= 1
-                if depth == 0:
-                    builder.event(event, value)
-                    self.data[key] = builder.value
-                    return
-            else:
-                self.built_values += 1
-                if self.built_values > MAX_BUILT_VALUES:
-                    raise ValueError(
-                        f"the file holds more than {MAX_BUILT_VALUES:,} values outside its "
-                        f"per-request lists (at {key!r}): not a result this panel reads"
-                    )
-            builder.event(event, value)
-
-        return feed
-
-
-def _scan(stream, counted: _Counting) -> _Scanned:
-    """The first pass. Each top-level key's value goes to what ``_Scanned.begin`` chose; a
-    value's events all have a non-empty prefix, the top level's an empty one."""
-    scanned = _Scanned()
-    key, feed, started = None, None, False
-    try:
-        for prefix, event, value in ijson.parse(stream, buf_size=READ_SIZE, use_float=True):
-            if prefix:
-                if started:
-                    if feed is not None:
-                        feed(prefix, event, value)
-                else:
-                    started = True
-                    feed = scanned.begin(key, event, value)
-            elif event == "map_key":
-                key, feed, started = value, None, False
-            elif event == "start_array":
-                raise ValueError(
-                    "the file holds a list, not one result: import one run at a time "
-                    "(vllm bench serve --append-result files hold several)"
-                )
-            elif event not in ("start_map", "end_map"):
-                raise ValueError("not a benchmark result: expected a JSON object")
-    except ijson.JSONError as exc:
-        raise _json_error(exc, counted) from None
-    return scanned
-
-
 # --- the load generator's own files -------------------------------------------------------
-def _loadgen(scanned: _Scanned, second_pass) -> Imported:
+def _loadgen(scanned: Scanned, second_pass) -> Imported:
     data = scanned.data
     if _number(data.get("completed")) is None:
         raise ValueError("load generator result: 'completed' must be a number")
@@ -508,7 +219,7 @@ class _Log:
 
 
 # --- vllm bench serve ---------------------------------------------------------------------
-def _vllm(scanned: _Scanned, second_pass) -> Imported:
+def _vllm(scanned: Scanned, second_pass) -> Imported:
     data = scanned.data
     notes = ["vllm bench serve files carry no per-second timeline and no engine metrics"]
     completed = _number(data.get("completed"))
@@ -588,7 +299,7 @@ def _vllm_counts(doc: dict, data: dict, completed: int, notes: list[str]) -> Non
             doc["goodput_share"] = min(doc["request_goodput"] * duration / measured, 1.0)
 
 
-def _vllm_log(scanned: _Scanned, second_pass, notes: list[str]) -> _Log | None:
+def _vllm_log(scanned: Scanned, second_pass, notes: list[str]) -> _Log | None:
     """The request log from vllm's detailed lists (all the same length: one entry per
     request, failures included), or None when the file has none or they disagree. The
     token gaps (``itls``) are read in the second pass, one request at a time."""
@@ -638,7 +349,7 @@ def _value(number: float) -> float | None:
     return None if math.isnan(number) else number
 
 
-def _send_times(scanned: _Scanned, n: int, notes: list[str]) -> tuple[array | None, bool]:
+def _send_times(scanned: Scanned, n: int, notes: list[str]) -> tuple[array | None, bool]:
     """Each request's send time from the first's, and whether they are unknown (then every
     request counts from its own send: ``relative_times``; None stands for all zeros)."""
     starts = scanned.numbers.get("start_times")
@@ -649,7 +360,7 @@ def _send_times(scanned: _Scanned, n: int, notes: list[str]) -> tuple[array | No
     return None, True
 
 
-def _latencies(scanned: _Scanned, n: int, notes: list[str]) -> array | None:
+def _latencies(scanned: Scanned, n: int, notes: list[str]) -> array | None:
     found = scanned.numbers.get("e2els")
     if found is None or not found.values:
         found = scanned.numbers.get("latencies")

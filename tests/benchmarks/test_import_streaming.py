@@ -23,7 +23,7 @@ from django.test import TestCase
 from django.urls import reverse
 from django.utils import timezone
 
-from benchmarks import importers, records, tasks
+from benchmarks import importers, records, resultstream, tasks
 from benchmarks.loadgen.stats import describe
 from benchmarks.models import BenchmarkRun, ImportJob, RunRequestLog
 from benchmarks.services import imports
@@ -327,7 +327,7 @@ def test_non_finite_constants_are_replaced_outside_strings_across_any_read_bound
         '{"a": NaN, "b": [Infinity, -Infinity, 1.5, -2], "NaN": "Infinity \\" NaN \\\\",'
         ' "c": "\\\\", "d": -Infinity}'
     )
-    converted = importers._NonFiniteAsText(io.BytesIO(text.encode())).read()
+    converted = resultstream.NonFiniteAsText(io.BytesIO(text.encode())).read()
     assert json.loads(converted) == {
         "a": None,
         "b": ["inf", "-inf", 1.5, -2],
