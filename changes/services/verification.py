@@ -12,7 +12,7 @@ from benchmarks import records
 from benchmarks.models import BenchmarkRun, RunRequestLog
 from benchmarks.services import runs as benchmark_runs
 from benchmarks.services.results import error_threshold_problem
-from changes import advice
+from changes import verdict
 from changes.models import ChangeRequest
 from hosts.choices import OperationOutcome
 from hosts.engines import readiness
@@ -72,8 +72,8 @@ def run_benchmark(change: ChangeRequest, purpose: str) -> tuple[BenchmarkRun | N
 
 
 def numbers(run: BenchmarkRun | None) -> dict:
-    """The numbers the verdict reads (``benchmarks.metrics`` via ``advice``)."""
-    return advice.run_numbers(run) if run is not None else {}
+    """The numbers the verdict reads (``benchmarks.metrics`` via ``changes.verdict``)."""
+    return verdict.run_numbers(run) if run is not None else {}
 
 
 def cache_state(run: BenchmarkRun) -> str:
@@ -82,7 +82,7 @@ def cache_state(run: BenchmarkRun) -> str:
     ``unknown`` when no such start is recorded before it (an imported run, an engine the
     panel never restarted)."""
     if run.started_at is None:
-        return advice.UNKNOWN
+        return verdict.UNKNOWN
     started = (
         EngineOperation.objects.filter(
             deployment_id=run.deployment_id,
@@ -94,15 +94,15 @@ def cache_state(run: BenchmarkRun) -> str:
         .first()
     )
     if started is None:
-        return advice.UNKNOWN
+        return verdict.UNKNOWN
     before = BenchmarkRun.objects.filter(
         deployment_id=run.deployment_id, started_at__gte=started, started_at__lt=run.started_at
     ).exclude(pk=run.pk)
-    return advice.WARM if before.exists() else advice.COLD
+    return verdict.WARM if before.exists() else verdict.COLD
 
 
 def conditions(run: BenchmarkRun | None) -> dict:
-    """What ``run`` measured under, for ``advice.compare_conditions``: its load (profile
+    """What ``run`` measured under, for ``verdict.compare_conditions``: its load (profile
     version), the engine's cache state at its start, the prefix-cache hit rate and KV use the
     engine reported, its errors and whether it may be used for a verdict at all
     (``benchmarks.services.results.error_threshold_problem``)."""
@@ -128,19 +128,19 @@ def conditions(run: BenchmarkRun | None) -> dict:
 
 def judge(change: ChangeRequest) -> dict:
     """The verdict on ``change``: its verification against its baseline, numbers and
-    conditions, under its thresholds (``advice.verdict``)."""
+    conditions, under its thresholds (``verdict.verdict``)."""
     baseline, run = change.baseline_run, change.verification_run
     engine = change.deployment.engine
-    return advice.verdict(
+    return verdict.verdict(
         numbers(baseline),
         numbers(run),
-        advice.Thresholds(
+        verdict.Thresholds(
             change.max_error_rate_increase,
             change.max_ttft_p95_regression,
             change.max_itl_p95_regression,
         ),
         (conditions(baseline), conditions(run)),
-        cache_changed=advice.alters_cache(engine, _changed_flags(change)),
+        cache_changed=verdict.alters_cache(engine, _changed_flags(change)),
         noise={"ttft_p95_ms": (ttft_p95_band(baseline), ttft_p95_band(run))},
     )
 
@@ -162,7 +162,7 @@ def ttft_p95_band(run: BenchmarkRun | None):
         ]
     except records.RecordLogError:
         return None
-    return advice.quantile_interval(ttfts)
+    return verdict.quantile_interval(ttfts)
 
 
 def _changed_flags(change: ChangeRequest) -> set[str]:
@@ -173,10 +173,10 @@ def _changed_flags(change: ChangeRequest) -> set[str]:
 
 def run_numbers(run: BenchmarkRun) -> str:
     """A benchmark in one line on the timeline."""
-    return advice.numbers_text(advice.run_numbers(run))
+    return verdict.numbers_text(verdict.run_numbers(run))
 
 
-verdict_text = advice.verdict_text
+verdict_text = verdict.verdict_text
 
 
 def link(run: BenchmarkRun | None) -> str:

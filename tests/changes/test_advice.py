@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from changes import advice
+from changes import advice, verdict
 
 
 def codes(warnings):
@@ -202,7 +202,7 @@ def test_no_prediction_for_unknown_models():
     assert "not in the simulator's catalog" in result["reason"]
 
 
-LIMITS = advice.Thresholds(
+LIMITS = verdict.Thresholds(
     error_rate_increase=0.01, ttft_p95_regression=0.2, itl_p95_regression=0.2
 )
 BASE = {"error_rate": 0.0, "ttft_p95_ms": 400.0, "itl_p95_ms": 20.0, "output_tokens_per_s": 1000}
@@ -215,7 +215,7 @@ def test_within_limits_is_not_a_regression():
         "itl_p95_ms": 21.0,
         "output_tokens_per_s": 1500,
     }
-    result = advice.verdict(BASE, after, LIMITS)
+    result = verdict.verdict(BASE, after, LIMITS)
     assert not result["regressed"] and result["reason"] == ""
     assert result["throughput_change"] == 0.5
     ttft = next(c for c in result["checks"] if c["metric"] == "ttft_p95_ms")
@@ -224,7 +224,7 @@ def test_within_limits_is_not_a_regression():
 
 def test_p95_ttft_regression():
     after = {**BASE, "ttft_p95_ms": 500.0}  # +25 % > 20 %
-    result = advice.verdict(BASE, after, LIMITS)
+    result = verdict.verdict(BASE, after, LIMITS)
     assert result["regressed"]
     assert result["reason"] == "TTFT p95 400.0 → 500.0 ms (+25%) (limit +20%)"
 
@@ -236,25 +236,25 @@ def test_a_speed_up_that_raises_errors_is_not_a_success():
         "itl_p95_ms": 10.0,
         "output_tokens_per_s": 3000,
     }
-    result = advice.verdict(BASE, after, LIMITS)
+    result = verdict.verdict(BASE, after, LIMITS)
     assert result["regressed"] and result["reason"].startswith("Error rate 0.00% → 3.00%")
 
 
 def test_itl_regression_and_missing_numbers():
-    result = advice.verdict(BASE, {**BASE, "itl_p95_ms": 30.0}, LIMITS)
+    result = verdict.verdict(BASE, {**BASE, "itl_p95_ms": 30.0}, LIMITS)
     assert result["regressed"] and "ITL p95" in result["reason"]
-    missing = advice.verdict(BASE, {"ttft_p95_ms": 400.0, "itl_p95_ms": 20.0}, LIMITS)
+    missing = verdict.verdict(BASE, {"ttft_p95_ms": 400.0, "itl_p95_ms": 20.0}, LIMITS)
     assert missing["regressed"], "a run without an error rate cannot prove it is safe"
 
 
 def test_the_verdict_reads_its_numbers_and_labels_from_the_metric_registry():
-    assert [m.key for m in advice.VERDICT_METRICS] == [
+    assert [m.key for m in verdict.VERDICT_METRICS] == [
         "error_rate",
         "ttft_p95_ms",
         "itl_p95_ms",
         "output_tokens_per_s",
     ]
-    result = advice.verdict(BASE, BASE, LIMITS)
+    result = verdict.verdict(BASE, BASE, LIMITS)
     assert [c["label"] for c in result["checks"]] == ["Error rate", "TTFT p95", "ITL p95"]
 
 
@@ -263,33 +263,35 @@ def test_run_numbers_and_their_line():
         error_rate, ttft_p95_ms, itl_p95_ms, output_tokens_per_s = 0.0123, 412.4, 21.6, 1532.5
         ttft_p50_ms = 100.0  # not a verdict number: not read
 
-    numbers = advice.run_numbers(Run())
+    numbers = verdict.run_numbers(Run())
     assert numbers == {
         "error_rate": 0.0123,
         "ttft_p95_ms": 412.4,
         "itl_p95_ms": 21.6,
         "output_tokens_per_s": 1532.5,
     }
-    assert advice.numbers_text(numbers) == "TTFT p95 412 ms, ITL p95 22 ms, 1532 tok/s, errors 1.2%"
-    assert advice.run_numbers(None) == {}
-    assert advice.numbers_text({}) == "TTFT p95 —, ITL p95 —, —, errors —"
+    assert (
+        verdict.numbers_text(numbers) == "TTFT p95 412 ms, ITL p95 22 ms, 1532 tok/s, errors 1.2%"
+    )
+    assert verdict.run_numbers(None) == {}
+    assert verdict.numbers_text({}) == "TTFT p95 —, ITL p95 —, —, errors —"
 
 
 def test_verdict_text_says_how_far_each_number_moved():
     after = {**BASE, "ttft_p95_ms": 440.0, "itl_p95_ms": 19.0, "output_tokens_per_s": 1200}
-    result = advice.verdict(BASE, after, LIMITS)
-    assert advice.verdict_text(result) == (
+    result = verdict.verdict(BASE, after, LIMITS)
+    assert verdict.verdict_text(result) == (
         "within limits: TTFT p95 +10%, ITL p95 -5%, output tok/s +20%"
     )
-    unmeasured = advice.verdict({}, {"error_rate": 0.0}, LIMITS)
+    unmeasured = verdict.verdict({}, {"error_rate": 0.0}, LIMITS)
     # Nothing to compare latencies with: said, not passed off as "within limits".
-    assert advice.verdict_text(unmeasured) == (
+    assert verdict.verdict_text(unmeasured) == (
         "inconclusive: not judged: TTFT p95 (not measured), ITL p95 (not measured)"
     )
     assert unmeasured["outcome"] == "inconclusive" and not unmeasured["regressed"]
 
 
 def test_a_latency_from_zero_is_an_unbounded_regression():
-    result = advice.verdict({**BASE, "ttft_p95_ms": 0.0}, BASE, LIMITS)
+    result = verdict.verdict({**BASE, "ttft_p95_ms": 0.0}, BASE, LIMITS)
     assert result["regressed"]
     assert "TTFT p95 0.0 → 400.0 (limit +20%)" in result["reason"]

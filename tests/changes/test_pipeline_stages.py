@@ -387,7 +387,7 @@ def test_resume_after_the_verification_does_not_measure_again(
     operator, approver, deployment, host, health, bench
 ):
     change = applying(operator, approver, deployment)
-    with mock.patch("changes.advice.verdict", side_effect=SystemExit("worker killed")):
+    with mock.patch("changes.verdict.verdict", side_effect=SystemExit("worker killed")):
         with pytest.raises(SystemExit):
             run(change)
     change.refresh_from_db()

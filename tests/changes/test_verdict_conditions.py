@@ -5,26 +5,26 @@ cold one, another profile version, an unusable baseline or too few requests give
 
 from __future__ import annotations
 
-from changes import advice
+from changes import verdict
 
-LIMITS = advice.Thresholds(
+LIMITS = verdict.Thresholds(
     error_rate_increase=0.01, ttft_p95_regression=0.2, itl_p95_regression=0.2
 )
 NUMBERS = {"error_rate": 0.0, "ttft_p95_ms": 400.0, "itl_p95_ms": 20.0, "output_tokens_per_s": 1e3}
 COLD = {
     "profile": "chat v3",
-    "cache_state": advice.COLD,
+    "cache_state": verdict.COLD,
     "prefix_cache_hit_rate": 0.0,
     "kv_cache_usage_max": 0.3,
     "error_rate": 0.0,
     "requests": 600,
     "problem": None,
 }
-WARM = {**COLD, "cache_state": advice.WARM, "prefix_cache_hit_rate": 0.986}
+WARM = {**COLD, "cache_state": verdict.WARM, "prefix_cache_hit_rate": 0.986}
 
 
 def judge(before, after, baseline=NUMBERS, verification=NUMBERS, **kw):
-    return advice.verdict(baseline, verification, LIMITS, (before, after), **kw)
+    return verdict.verdict(baseline, verification, LIMITS, (before, after), **kw)
 
 
 def test_the_issue_scenario_a_warm_baseline_is_no_ground_for_a_regression():
@@ -35,7 +35,7 @@ def test_the_issue_scenario_a_warm_baseline_is_no_ground_for_a_regression():
     assert result["outcome"] == "inconclusive" and not result["regressed"]
     assert "baseline ran with 98.6% prefix-cache hits, verification with 0.0%" in result["reason"]
     assert "conditions differ" in result["reason"]
-    text = advice.verdict_text(result)
+    text = verdict.verdict_text(result)
     assert text.startswith("inconclusive: ") and "within limits" not in text
     # What was measured is still said, for whoever looks.
     assert "TTFT p95 +1489%" in text
@@ -50,9 +50,9 @@ def test_the_same_conditions_give_a_verdict_either_way():
 
 
 def test_a_small_difference_in_hit_rate_is_the_same_condition():
-    after = {**COLD, "prefix_cache_hit_rate": advice.PREFIX_HIT_TOLERANCE - 0.01}
+    after = {**COLD, "prefix_cache_hit_rate": verdict.PREFIX_HIT_TOLERANCE - 0.01}
     assert judge(COLD, after)["outcome"] == "verified"
-    after = {**COLD, "prefix_cache_hit_rate": advice.PREFIX_HIT_TOLERANCE + 0.01}
+    after = {**COLD, "prefix_cache_hit_rate": verdict.PREFIX_HIT_TOLERANCE + 0.01}
     assert judge(COLD, after)["outcome"] == "inconclusive"
 
 
@@ -66,9 +66,9 @@ def test_a_change_that_alters_the_cache_is_judged_on_its_effect_from_the_same_st
     assert result["outcome"] == "regressed"
     fine = judge(on, off, cache_changed=True)
     assert fine["outcome"] == "verified"
-    assert "the change alters the prefix cache" in advice.verdict_text(fine)
+    assert "the change alters the prefix cache" in verdict.verdict_text(fine)
     # From different starts it is not: a warm baseline could be why.
-    warm_on = {**on, "cache_state": advice.WARM}
+    warm_on = {**on, "cache_state": verdict.WARM}
     assert judge(warm_on, off, cache_changed=True)["outcome"] == "inconclusive"
 
 
@@ -102,16 +102,16 @@ def test_without_a_hit_rate_the_cache_state_decides():
     a restart, warm after other runs) is then all there is to go on."""
     sglang_cold = {**COLD, "prefix_cache_hit_rate": None}
     assert judge(sglang_cold, sglang_cold)["outcome"] == "verified"
-    sglang_warm = {**sglang_cold, "cache_state": advice.WARM}
+    sglang_warm = {**sglang_cold, "cache_state": verdict.WARM}
     result = judge(sglang_warm, sglang_cold)
     assert result["outcome"] == "inconclusive"
     assert "did not report prefix-cache hits" in result["reason"]
-    unknown = {**sglang_cold, "cache_state": advice.UNKNOWN}
+    unknown = {**sglang_cold, "cache_state": verdict.UNKNOWN}
     assert judge(unknown, sglang_cold)["outcome"] == "inconclusive"
     # With hit rates that agree, a different start is only noted.
-    noted = judge({**COLD, "cache_state": advice.WARM}, COLD)
+    noted = judge({**COLD, "cache_state": verdict.WARM}, COLD)
     assert noted["outcome"] == "verified"
-    assert "with the same prefix-cache hit rate" in advice.verdict_text(noted)
+    assert "with the same prefix-cache hit rate" in verdict.verdict_text(noted)
 
 
 def test_kv_use_is_shown_but_never_refuses_a_verdict():
@@ -123,7 +123,7 @@ def test_kv_use_is_shown_but_never_refuses_a_verdict():
 
 
 def test_too_few_requests_cannot_tell_a_p95():
-    few = {**COLD, "requests": advice.MIN_REQUESTS - 1}
+    few = {**COLD, "requests": verdict.MIN_REQUESTS - 1}
     result = judge(COLD, few, verification={**NUMBERS, "ttft_p95_ms": 900.0})
     assert result["outcome"] == "inconclusive"
     assert "too few requests" in result["reason"]
@@ -142,18 +142,18 @@ def test_the_conditions_are_listed_side_by_side():
 
 
 def test_which_flags_alter_the_cache():
-    assert advice.alters_cache("vllm", {"enable_prefix_caching"})
-    assert advice.alters_cache("sglang", {"disable_radix_cache", "max_running_requests"})
-    assert not advice.alters_cache("vllm", {"max_num_seqs"})
+    assert verdict.alters_cache("vllm", {"enable_prefix_caching"})
+    assert verdict.alters_cache("sglang", {"disable_radix_cache", "max_running_requests"})
+    assert not verdict.alters_cache("vllm", {"max_num_seqs"})
 
 
 # --- run-to-run noise ---------------------------------------------------------------------------
 def test_the_p95_band_comes_from_order_statistics():
-    assert advice.quantile_interval(range(advice.MIN_REQUESTS - 1)) is None
+    assert verdict.quantile_interval(range(verdict.MIN_REQUESTS - 1)) is None
     # 100 requests: the p95 lies between the 91st and the 100th with 95 % confidence.
-    assert advice.quantile_interval(float(v) for v in range(1, 101)) == (91.0, 100.0)
+    assert verdict.quantile_interval(float(v) for v in range(1, 101)) == (91.0, 100.0)
     # More requests, a narrower band around the 950th of 1000.
-    low, high = advice.quantile_interval(float(v) for v in range(1, 1001))
+    low, high = verdict.quantile_interval(float(v) for v in range(1, 1001))
     assert 930 < low < 950 < high < 965
 
 
@@ -169,7 +169,7 @@ def test_a_difference_within_the_noise_cannot_tell_either_way():
     assert result["outcome"] == "inconclusive" and not result["regressed"]
     ttft = next(c for c in result["checks"] if c["metric"] == "ttft_p95_ms")
     assert ttft["ok"] is None and ttft["note"].startswith("within run-to-run noise")
-    assert "within run-to-run noise" in advice.verdict_text(result)
+    assert "within run-to-run noise" in verdict.verdict_text(result)
     # +10 % is no pass either when the band reaches past the limit.
     near = {**NUMBERS, "ttft_p95_ms": 440.0}
     result = judge(

@@ -1,0 +1,389 @@
+"""Whether an applied change did what it should: the verdict on a baseline and a verification
+run (pure: no Django, so it is tested fast and on its own).
+
+Latencies are judged only when the two runs measured under the same conditions (the same load
+profile version, the same engine start state, about the same prefix-cache hit rate, enough
+requests, both usable); otherwise the verdict is "inconclusive" and says why, as it is when a
+difference lies inside the runs' noise band. ``changes.services.verification`` gathers the
+runs' numbers and conditions; the apply pipeline acts on the outcome.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from benchmarks.metrics import BY_KEY, Metric, numbers
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """How much worse the verification run may be than the baseline before a rollback."""
+
+    error_rate_increase: float = 0.01  # absolute: 0.01 = one percentage point
+    ttft_p95_regression: float = 0.2  # relative: 0.2 = 20 % slower
+    itl_p95_regression: float = 0.2
+
+
+@dataclass(frozen=True)
+class PointsCheck:
+    """A share (the error rate) may rise by at most ``threshold`` percentage points. A
+    verification run without it fails the check: it cannot prove it is safe."""
+
+    metric: Metric
+    threshold: str  # the ``Thresholds`` field that bounds it
+
+    def judge(self, baseline: Mapping, after: Mapping, limits: Thresholds) -> dict:
+        limit = getattr(limits, self.threshold)
+        key = self.metric.key
+        old, new = baseline.get(key) or 0.0, after.get(key)
+        check = {"metric": key, "label": self.metric.label}
+        if new is None:
+            return check | {
+                "baseline": old,
+                "after": None,
+                "ok": False,
+                "limit": f"+{limit:.1%} points",
+                "note": "the verification run has no error rate",
+            }
+        return check | {
+            "baseline": round(old, 4),
+            "after": round(new, 4),
+            "change": round(new - old, 4),
+            "limit": f"+{limit:.1%} points",
+            "ok": new - old <= limit,
+        }
+
+    def shown(self, check: dict) -> str:
+        if check.get("after") is None:
+            return "not measured"
+        return f"{check['baseline']:.2%} → {check['after']:.2%}"
+
+
+@dataclass(frozen=True)
+class RelativeCheck:
+    """A latency may grow by at most ``threshold`` of the baseline's. Unmeasured on either
+    side, it says so and does not decide."""
+
+    metric: Metric
+    threshold: str  # the ``Thresholds`` field that bounds it
+
+    def judge(self, baseline: Mapping, after: Mapping, limits: Thresholds) -> dict:
+        limit = getattr(limits, self.threshold)
+        key = self.metric.key
+        old, new = baseline.get(key), after.get(key)
+        check = {"metric": key, "label": self.metric.label}
+        if old is None or new is None:
+            return check | {
+                "baseline": old,
+                "after": new,
+                "ok": None,
+                "limit": f"+{limit:.0%}",
+                "note": "not measured",
+            }
+        change = (new - old) / old if old else (0.0 if new == old else math.inf)
+        return check | {
+            "baseline": round(old, 3),
+            "after": round(new, 3),
+            "change": None if math.isinf(change) else round(change, 4),
+            "limit": f"+{limit:.0%}",
+            "ok": change <= limit,
+        }
+
+    def shown(self, check: dict) -> str:
+        if check.get("change") is None:
+            return f"{check['baseline']} → {check['after']}"
+        unit = self.metric.unit
+        return f"{check['baseline']:.1f} → {check['after']:.1f} {unit} ({check['change']:+.0%})"
+
+
+# What a verification is judged by, in the order the verdict lists it: "a speed-up that
+# raises errors is not a success", so errors come first and any failed check is a regression.
+CHECKS = (
+    PointsCheck(BY_KEY["error_rate"], "error_rate_increase"),
+    RelativeCheck(BY_KEY["ttft_p95_ms"], "ttft_p95_regression"),
+    RelativeCheck(BY_KEY["itl_p95_ms"], "itl_p95_regression"),
+)
+# Reported beside the checks, never a reason to roll back.
+INFORMATIVE = BY_KEY["output_tokens_per_s"]
+# The numbers of a run the verdict reads (``run_numbers``).
+VERDICT_METRICS = (*(check.metric for check in CHECKS), INFORMATIVE)
+
+
+# --- the conditions a run measured under ---------------------------------------------------------
+# Two runs whose prefix-cache hit rates differ by more than this share measured different
+# engines: 98.6 % against 0 % makes TTFT several times faster whatever the config.
+PREFIX_HIT_TOLERANCE = 0.10
+# Under this many successful requests a p95 is the slowest request or two: no verdict on it.
+MIN_REQUESTS = 20
+# The confidence of the run-to-run noise band around a p95 (``quantile_interval``).
+NOISE_Z = 1.96
+
+
+def quantile_interval(values: Iterable[float], q: float = 0.95, z: float = NOISE_Z):
+    """A distribution-free confidence interval of the ``q`` quantile of ``values`` (order
+    statistics around rank n·q, binomial spread ±z·√(n·q·(1-q))): ``(low, high)``, or None
+    under MIN_REQUESTS values. The band within which a second run of the same load would put
+    its p95: a difference inside it is noise, not the change."""
+    ordered = sorted(v for v in values if v is not None and math.isfinite(v))
+    n = len(ordered)
+    if n < MIN_REQUESTS:
+        return None
+    spread = z * math.sqrt(n * q * (1 - q))
+    low = max(1, math.ceil(n * q - spread))
+    high = min(n, math.ceil(n * q + spread))
+    return ordered[low - 1], ordered[high - 1]
+
+
+def _within_noise(check: dict, limit: float, band) -> None:
+    """Turn a pass or a failure the noise band cannot separate from the limit into "cannot
+    tell": the change's range is the verification's band over the baseline's."""
+    (b_low, b_high), (a_low, a_high) = band
+    if not b_low or check["ok"] is None:
+        return
+    low, high = a_low / b_high - 1, a_high / b_low - 1
+    check["noise"] = [round(low, 4), round(high, 4)]
+    if low <= limit < high:
+        check.update(
+            ok=None,
+            note=f"within run-to-run noise ({low:+.0%} to {high:+.0%} against +{limit:.0%})",
+        )
+
+
+# The cache state of an engine at a run's start (``Conditions.cache_state``).
+COLD, WARM, UNKNOWN = "cold", "warm", "unknown"
+CACHE_STATES = {
+    COLD: "right after a restart (cold cache)",
+    WARM: "on a warm engine (runs before it since the restart)",
+    UNKNOWN: "on an engine whose restart the panel did not see",
+}
+
+
+def condition_rows(before: Mapping, after: Mapping) -> list[dict]:
+    """The conditions of the two runs side by side, as the change page shows them."""
+
+    def share(value):
+        return None if value is None else round(value, 4)
+
+    return [
+        {
+            "key": "profile",
+            "label": "Load profile",
+            "baseline": before.get("profile"),
+            "after": after.get("profile"),
+        },
+        {
+            "key": "cache_state",
+            "label": "Engine at the start",
+            "baseline": before.get("cache_state"),
+            "after": after.get("cache_state"),
+        },
+        {
+            "key": "prefix_cache_hit_rate",
+            "label": "Prefix-cache hit rate",
+            "percent": True,
+            "baseline": share(before.get("prefix_cache_hit_rate")),
+            "after": share(after.get("prefix_cache_hit_rate")),
+        },
+        {
+            "key": "kv_cache_usage_max",
+            "label": "KV cache use (max)",
+            "percent": True,
+            "baseline": share(before.get("kv_cache_usage_max")),
+            "after": share(after.get("kv_cache_usage_max")),
+        },
+        {
+            "key": "error_rate",
+            "label": "Error rate",
+            "percent": True,
+            "baseline": share(before.get("error_rate")),
+            "after": share(after.get("error_rate")),
+        },
+        {
+            "key": "requests",
+            "label": "Successful requests",
+            "baseline": before.get("requests"),
+            "after": after.get("requests"),
+        },
+    ]
+
+
+# Flags whose change moves the prefix cache by design (turns it on or off, resizes the pool
+# it lives in): a hit rate that moves with them is the change's effect.
+CACHE_FLAGS = {
+    "vllm": frozenset(
+        {"enable_prefix_caching", "gpu_memory_utilization", "block_size", "kv_cache_dtype"}
+    ),
+    "sglang": frozenset({"disable_radix_cache", "mem_fraction_static", "kv_cache_dtype"}),
+}
+
+
+def alters_cache(engine: str, changed: Iterable[str]) -> bool:
+    """Whether a change of the flags ``changed`` alters the engine's prefix cache."""
+    return bool(CACHE_FLAGS.get(engine, frozenset()) & set(changed))
+
+
+def compare_conditions(before: Mapping, after: Mapping, *, cache_changed: bool = False) -> dict:
+    """Whether two runs measured the same engine under the same load, so their latencies may
+    be compared. ``before``/``after`` are ``Conditions`` dicts (``changes.services
+    .verification.conditions``): ``profile``, ``cache_state``, ``prefix_cache_hit_rate``,
+    ``kv_cache_usage_max``, ``error_rate``, ``requests`` and ``problem`` (why the run may not be
+    used for a verdict at all, or None). ``cache_changed``: the change itself alters the
+    prefix cache (turns it on or off, resizes the KV pool), so after the same start a moved
+    hit rate is its effect, not a difference in conditions.
+
+    Returns ``{"differ": [why no verdict can be drawn], "notes": [...], "rows": [...]}``. KV
+    use is shown, never a reason: a memory or batching change moves it by design."""
+    differ, notes = [], []
+    if before.get("problem"):
+        differ.append(f"the baseline cannot be used: {before['problem']}")
+    b_profile, a_profile = before.get("profile"), after.get("profile")
+    if b_profile and a_profile and b_profile != a_profile:
+        differ.append(
+            f"the baseline ran {b_profile}, the verification {a_profile}: not the same load"
+        )
+    b_state, a_state = before.get("cache_state", UNKNOWN), after.get("cache_state", UNKNOWN)
+    b_hits, a_hits = before.get("prefix_cache_hit_rate"), after.get("prefix_cache_hit_rate")
+    same_start = b_state == a_state != UNKNOWN
+    hits_known = b_hits is not None and a_hits is not None
+    if hits_known and abs(a_hits - b_hits) > PREFIX_HIT_TOLERANCE:
+        text = f"baseline ran with {b_hits:.1%} prefix-cache hits, verification with {a_hits:.1%}"
+        if cache_changed and same_start:
+            notes.append(text + ": the change alters the prefix cache, so this is its effect")
+        else:
+            differ.append(text + " — conditions differ")
+    if b_state != a_state:
+        started = (
+            f"the baseline ran {CACHE_STATES.get(b_state, b_state)}, the verification "
+            f"{CACHE_STATES.get(a_state, a_state)}"
+        )
+        if hits_known and abs(a_hits - b_hits) <= PREFIX_HIT_TOLERANCE:
+            notes.append(started + ", with the same prefix-cache hit rate")
+        elif not hits_known:
+            differ.append(
+                started + "; the engine did not report prefix-cache hits, so whether a warm "
+                "cache made the difference cannot be told"
+            )
+    return {"differ": differ, "notes": notes, "rows": condition_rows(before, after)}
+
+
+def verdict(
+    baseline: Mapping,
+    after: Mapping,
+    limits: Thresholds,
+    conditions: tuple[Mapping, Mapping] | None = None,
+    *,
+    cache_changed: bool = False,
+    noise: Mapping[str, tuple] | None = None,
+) -> dict:
+    """Compare two runs' numbers (``run_numbers``: ``error_rate``, ``ttft_p95_ms``,
+    ``itl_p95_ms`` and the throughput, informative only) by ``CHECKS``, after checking that
+    the runs measured under the same ``conditions`` (baseline's, verification's; see
+    ``compare_conditions``).
+
+    ``outcome`` is one of:
+
+    - ``"regressed"``: a check is over its threshold, or the verification itself cannot be
+      used (its errors): the new config is not shown to be safe. ``reason`` says why.
+    - ``"inconclusive"``: the conditions differ (a warm cache against a cold one, another
+      load, an unusable baseline) or a check cannot be judged (not measured, too few
+      requests): no verdict, ``reason`` says why. Never reported as "within limits".
+    - ``"verified"``: every check judged and within its threshold.
+
+    ``noise``: ``{metric: (baseline band, verification band)}`` (``quantile_interval`` of
+    each run's requests): a latency whose change could lie on either side of its limit within
+    the bands is not judged ("within run-to-run noise"), rather than passed or failed.
+
+    ``regressed`` is kept as the boolean the pipeline rolls back on."""
+    before_conditions, after_conditions = conditions or ({}, {})
+    compared = compare_conditions(before_conditions, after_conditions, cache_changed=cache_changed)
+    judged = [(rule, rule.judge(baseline, after, limits)) for rule in CHECKS]
+    requests = (before_conditions.get("requests"), after_conditions.get("requests"))
+    if any(count is not None and count < MIN_REQUESTS for count in requests):
+        few = min(count for count in requests if count is not None)
+        for rule, check in judged:
+            if isinstance(rule, RelativeCheck) and check["ok"] is not None:
+                check.update(ok=None, note=f"too few requests ({few}) for a p95")
+    for rule, check in judged:
+        band = (noise or {}).get(rule.metric.key)
+        if band and all(band) and isinstance(rule, RelativeCheck):
+            _within_noise(check, getattr(limits, rule.threshold), band)
+    if compared["differ"]:
+        # Latencies measured under different conditions say nothing about the change; more
+        # errors still do, unless the baseline itself is unusable.
+        void = before_conditions.get("problem")
+        for rule, check in judged:
+            if check["ok"] is not None and (void or isinstance(rule, RelativeCheck)):
+                check.update(ok=None, note="conditions differ")
+    failed = [(rule, check) for rule, check in judged if check["ok"] is False]
+    old, new = baseline.get(INFORMATIVE.key), after.get(INFORMATIVE.key)
+    reasons = [
+        f"{check['label']} {rule.shown(check)} (limit {check['limit']})" for rule, check in failed
+    ]
+    unusable = after_conditions.get("problem")
+    if unusable:
+        reasons.insert(0, f"the verification cannot be used: {unusable}")
+    if reasons:
+        outcome, reason = "regressed", "; ".join(reasons)
+    else:
+        unjudged = [
+            f"{check['label']} ({check.get('note') or 'not measured'})"
+            for _, check in judged
+            if check["ok"] is None and check.get("note") != "conditions differ"
+        ]
+        cannot = compared["differ"] + (["not judged: " + ", ".join(unjudged)] if unjudged else [])
+        outcome = "inconclusive" if cannot else "verified"
+        reason = "; ".join(cannot)
+    return {
+        "outcome": outcome,
+        "regressed": outcome == "regressed",
+        "checks": [check for _, check in judged],
+        "throughput_change": round((new - old) / old, 4) if old and new is not None else None,
+        "reason": reason,
+        "conditions": compared["rows"] if conditions else [],
+        "notes": compared["notes"],
+    }
+
+
+def run_numbers(run) -> dict:
+    """The numbers ``verdict`` reads, off a run (any object with the run's columns); empty
+    for no run."""
+    return numbers(run, VERDICT_METRICS)
+
+
+def numbers_text(values: Mapping) -> str:
+    """``run_numbers`` in one line, as a change's timeline shows a benchmark:
+    "TTFT p95 412 ms, ITL p95 21 ms, 1532 tok/s, errors 0.2%"."""
+
+    def ms(key: str) -> str:
+        value = values.get(key)
+        return f"{BY_KEY[key].label} " + ("—" if value is None else f"{value:.0f} ms")
+
+    rate, tput = values.get("error_rate"), values.get(INFORMATIVE.key)
+    rate_text = "—" if rate is None else f"{rate:.1%}"
+    tput_text = "—" if tput is None else f"{tput:.0f} {INFORMATIVE.unit}"
+    return f"{ms('ttft_p95_ms')}, {ms('itl_p95_ms')}, {tput_text}, errors {rate_text}"
+
+
+def verdict_text(result: dict) -> str:
+    """A verdict in one line: how much each latency and the throughput moved, and, when no
+    verdict could be drawn, "inconclusive" and why, so "within limits" never stands for
+    "cannot tell"."""
+    parts = [
+        f"{check['label']} {check['change']:+.0%}"
+        for check in result["checks"]
+        if check.get("change") is not None and check["metric"] != "error_rate"
+    ]
+    if result.get("throughput_change") is not None:
+        parts.append(f"output tok/s {result['throughput_change']:+.0%}")
+    moved = ", ".join(parts)
+    outcome = result.get("outcome") or ("regressed" if result["regressed"] else "verified")
+    if outcome == "regressed":
+        return "regression: " + result["reason"]
+    if outcome == "inconclusive":
+        return "inconclusive: " + result["reason"] + (f" (measured: {moved})" if moved else "")
+    text = "within limits: " + moved if moved else "within limits"
+    for note in result.get("notes") or ():
+        text += f"; {note}"
+    return text
