@@ -52,7 +52,7 @@ Decisions (see the modules for the why):
   name or absolute path optionally followed by required leading args) replaces that list.
   ``numactl`` (CPU/memory binding options only) and ``taskset -c LIST`` may prefix it. Names
   resolve on the agent's PATH and run by absolute path; never through a shell. A config may
-  set only the environment variables named in hosts.engines.launch.SAFE_ENV (none names a file,
+  set only the environment variables named in hosts.engines.environment.SAFE_ENV (none names a file,
   directory or library to load: CUDA_INJECTION64_PATH, VLLM_LOGGING_CONFIG_PATH,
   NCCL_NET_PLUGIN, HF_HOME, LD_*, PYTHON* are refused, whatever the panel sends), and flags that
   load code (``--trust-remote-code``) only when the agent was started with

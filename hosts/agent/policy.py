@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from hosts.engines import ENGINES, redaction
-from hosts.engines.launch import env_problem
+from hosts.engines.environment import env_problem
 
 ENGINE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hosts.engines import ENGINES
-from hosts.engines.launch import SAFE_ENV
+from hosts.engines.environment import SAFE_ENV
 
 # What a masked value reads as: the same wherever it appears (pages, exports, notifications,
 # logs), so a reader learns to recognise it.

@@ -18,7 +18,8 @@ from changes.services.facts import validate_proposal
 from hosts.agent.engine import BadRequest
 from hosts.agent.policy import ExecPolicy, ExecRefused, check_config_env
 from hosts.agent.supervisor import Supervisor
-from hosts.engines.launch import SAFE_ENV, LaunchConfig, env_problem
+from hosts.engines.environment import SAFE_ENV, env_problem
+from hosts.engines.launch import LaunchConfig
 from tests.factories import make_deployment, make_host
 from tests.hosts.launch_configs import LLAMA, errors_of, vllm
 
