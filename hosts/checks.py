@@ -5,8 +5,9 @@ from django.conf import settings
 from django.core.checks import Tags, Warning, register
 from django.db import DatabaseError
 
+from hosts.addresses import is_loopback
 from hosts.choices import TransportKind
-from hosts.models import Host, is_loopback
+from hosts.models import Host
 
 SHOWN = 10
 

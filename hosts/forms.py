@@ -8,7 +8,8 @@ import paramiko
 from django import forms
 
 from hosts.choices import TransportKind
-from hosts.models import SECRET_FIELDS, TRANSPORT_SECRETS, Host, validate_labels
+from hosts.credentials import SECRET_FIELDS, TRANSPORT_SECRETS
+from hosts.models import Host, validate_labels
 from hosts.services.hosts import may_change_protection
 from hosts.services.transports import KeyFileRefused, key_file_path
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import re
 from decimal import Decimal
@@ -18,6 +17,7 @@ from django.utils import timezone
 from controlpanel.choices import OperationStatus
 from controlpanel.crypto import EncryptedTextField
 from controlpanel.models import BackgroundOperation
+from hosts.addresses import is_loopback
 from hosts.choices import (
     DeploymentStatus,
     EngineKind,
@@ -28,6 +28,7 @@ from hosts.choices import (
     Runner,
     TransportKind,
 )
+from hosts.credentials import CredentialBinding
 from hosts.engines.launch import LaunchConfig, Placement
 
 LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
@@ -66,18 +67,6 @@ def validate_address(value: str) -> None:
         raise ValidationError(f"{value!r} is not a host name or IP address.")
 
 
-def is_loopback(address: str) -> bool:
-    """``address`` names this machine itself (127.0.0.0/8, ::1, localhost): traffic to it never
-    crosses a network, so it may go in clear."""
-    address = address.strip("[]").lower()
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False  # a DNS name may resolve anywhere: treat it as remote
-
-
 def protection_label_keys() -> list[str]:
     """The label keys that set how much review a host's changes need (CHANGE_PRODUCTION_LABEL):
     changing them on a host changes its protection, which only an Admin may do."""
@@ -100,15 +89,7 @@ def validate_labels(value) -> None:
             raise ValidationError(f"Label {key!r} must not contain control characters.")
 
 
-# The stored credentials, and which of them each transport sends.
-SECRET_FIELDS = ("agent_token", "ssh_private_key", "ssh_key_passphrase")
-TRANSPORT_SECRETS = {
-    TransportKind.AGENT: ("agent_token",),
-    TransportKind.SSH: ("ssh_private_key", "ssh_key_passphrase"),
-}
-
-
-class Host(models.Model):
+class Host(CredentialBinding, models.Model):
     """A GPU server the panel manages, reached through the host agent or over SSH.
 
     Each stored credential is bound to the destination it was entered for
@@ -224,15 +205,6 @@ class Host(models.Model):
     def __str__(self) -> str:
         return self.name
 
-    def save(self, *args, **kwargs):
-        update_fields = kwargs.get("update_fields")
-        if update_fields is None or set(update_fields) & set(SECRET_FIELDS):
-            self._bind_credentials()
-            if update_fields is not None:
-                kwargs["update_fields"] = {*update_fields, "credential_bindings"}
-        super().save(*args, **kwargs)
-        self.__dict__.pop("_entered_secrets", None)
-
     def get_absolute_url(self) -> str:
         return reverse("hosts:detail", args=[self.pk])
 
@@ -245,51 +217,6 @@ class Host(models.Model):
         if self.transport == TransportKind.AGENT:
             return bool(self.agent_token)
         return bool(self.ssh_username and self.ssh_private_key)
-
-    @property
-    def destination(self) -> str:
-        """Where credentials go: everything that decides which machine receives them and how.
-        Over the agent the scheme and the pinned CA count too (a dropped pin or plain HTTP
-        hands the token to whoever answers)."""
-        address = self.address.strip("[]").lower()
-        if ":" in address:
-            address = f"[{address}]"
-        if self.transport == TransportKind.SSH:
-            return f"ssh {address}:{self.port}"
-        scheme = "https" if self.agent_tls else "http"
-        pin = ""
-        if self.agent_tls and self.agent_ca_cert.strip():
-            digest = hashlib.sha256(self.agent_ca_cert.strip().encode()).hexdigest()[:16]
-            pin = f" ca:{digest}"
-        return f"agent {scheme}://{address}:{self.port}{pin}"
-
-    def enter_secret(self, name: str, value: str) -> None:
-        """Set a credential as typed by someone for the host's current destination: saving
-        binds it there even when its value is the one already stored (an agent moved to a new
-        address keeps its token, and the operator vouches for that by typing it again)."""
-        if name not in SECRET_FIELDS:
-            raise ValueError(f"{name} is not a secret of a host")
-        setattr(self, name, value)
-        self.__dict__.setdefault("_entered_secrets", set()).add(name)
-
-    @property
-    def entered_secrets(self) -> set[str]:
-        return set(self.__dict__.get("_entered_secrets", ()))
-
-    def credential_problem(self) -> str:
-        """Why the stored credentials of the host's transport must not be sent to its current
-        destination ("" when they may): they were entered for another one."""
-        for name in TRANSPORT_SECRETS[TransportKind(self.transport)]:
-            if not getattr(self, name):
-                continue
-            bound = (self.credential_bindings or {}).get(name)
-            if bound != self.destination:
-                label = self._meta.get_field(name).verbose_name
-                return (
-                    f"the stored {label} was entered for {bound or 'an unknown destination'}, "
-                    f"not for {self.destination}: enter it again to send it there"
-                )
-        return ""
 
     def clean(self):
         super().clean()
@@ -310,27 +237,6 @@ class Host(models.Model):
                 }
             )
 
-    def _bind_credentials(self) -> None:
-        # A secret typed in (enter_secret) or with a new value is bound to where the host
-        # points now; one left as stored keeps the binding it had, from the database (never
-        # from this instance, which a caller may have edited).
-        stored = None
-        if self.pk is not None and not self._state.adding:
-            stored = (
-                Host.objects.filter(pk=self.pk)
-                .values(*SECRET_FIELDS, "credential_bindings")
-                .first()
-            )
-        bindings = dict(stored["credential_bindings"] or {}) if stored else {}
-        entered = self.entered_secrets
-        for name in SECRET_FIELDS:
-            value = getattr(self, name)
-            if not value:
-                bindings.pop(name, None)
-            elif stored is None or name in entered or not same_secret(value, stored[name]):
-                bindings[name] = self.destination
-        self.credential_bindings = bindings
-
     @property
     def protection(self) -> dict[str, str | None]:
         """The labels that set how much review this host's changes need."""
@@ -342,14 +248,6 @@ class Host(models.Model):
 
     def latest_check(self):
         return self.checks.order_by("-created_at", "-pk").first()
-
-
-def same_secret(value, stored) -> bool:
-    """``value`` is the secret ``stored`` holds (an unreadable one reads as "": compare what is
-    on disk instead)."""
-    return getattr(value, "stored", value) == getattr(stored, "stored", stored) and type(
-        value
-    ) is type(stored)
 
 
 class Gpu(models.Model):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import hmac
-import ipaddress
 import json
 import logging
 import re
@@ -28,6 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import psutil
 
+from hosts.addresses import is_loopback
 from hosts.agent import AGENT_VERSION, DEFAULT_PORT
 from hosts.agent.engine import AgentError, NotFound
 from hosts.agent.host import host_identity, host_readings, library_versions, process_affinity
@@ -381,16 +381,6 @@ def tls_context(cert: str, key: str) -> ssl.SSLContext:
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(cert, key)
     return context
-
-
-def is_loopback(host: str) -> bool:
-    """Only this machine can reach ``host`` (127.0.0.0/8, ::1, localhost)."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name, or 0.0.0.0: every interface
 
 
 def cleartext_refusal(host: str, tls: bool, insecure_http: bool) -> str | None:

@@ -17,7 +17,8 @@ from django.utils import timezone
 from controlpanel.realtime import group_name, publish
 from controlpanel.services import audit, snapshot
 from hosts.choices import HostStatus
-from hosts.models import SECRET_FIELDS, TRANSPORT_SECRETS, Host, same_secret
+from hosts.credentials import SECRET_FIELDS, TRANSPORT_SECRETS, same_secret
+from hosts.models import Host
 from hosts.services.transports import forget_transport
 from hosts.transport.base import HostKeyMismatch, HostKeyUnknown
 
