@@ -40,6 +40,7 @@ class Request:
     output_target: int  # tokens it will generate: max_tokens, or fewer if it "hits EOS"
     arrival: float
     priority: int = 0
+    params_n: int = 1  # the client's ``n`` (choices asked for); vLLM's request_params_n
     seq: int = 0
     status: str = WAITING
     num_computed: int = 0
