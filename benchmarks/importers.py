@@ -60,6 +60,12 @@ VLLM_BENCH = "vllm-bench"
 PERCENTILE_KEY = re.compile(
     r"^p(\d+(?:[._]\d+)?)_(" + "|".join(latency.key for latency in LATENCIES) + r")_ms$"
 )
+# A summary key's statistic: mean, median, std or pNN[_N] (the load generator's names).
+STATISTIC_KEY = re.compile(
+    r"^(mean|median|std|p\d+(?:_\d+)?)_("
+    + "|".join(latency.key for latency in LATENCIES)
+    + r")_ms$"
+)
 MAX_TEXT = 500  # longest free-text header value kept from a vllm file (--metadata)
 
 
@@ -443,10 +449,13 @@ def _fill_from_log(doc: dict, log: _Log, data: dict, notes: list[str]) -> None:
                 doc[key] = value
                 added.append(key)
     if added:
-        shown = sorted({k.split("_", 1)[0] for k in added})
         notes.append(
-            f"{', '.join(shown)} percentiles not in the file were computed from its "
-            "per-request lists"
+            "statistics not in the file were computed from its per-request lists: "
+            + "; ".join(
+                f"{latency.label} {', '.join(_statistics(k for k in added if _of(k, latency)))}"
+                for latency in LATENCIES
+                if any(_of(k, latency) for k in added)
+            )
         )
         if not log.distributions.itl_complete and any("_itl_" in k for k in added):
             notes.append(
@@ -459,6 +468,23 @@ def _fill_from_log(doc: dict, log: _Log, data: dict, notes: list[str]) -> None:
 
 
 # --- helpers ------------------------------------------------------------------------------
+def _statistics(keys) -> list[str]:
+    """The statistics summary keys name, as a person writes them, in a stable order:
+    ``p99_9_ttft_ms`` is p99.9 (not "p99": the statistic's own underscore is a point)."""
+    found = set()
+    for key in keys:
+        match = STATISTIC_KEY.match(key)
+        if match:
+            found.add(match.group(1).replace("_", "."))
+    order = {"mean": -3.0, "median": -2.0, "std": -1.0}
+    return sorted(found, key=lambda s: order[s] if s in order else float(s[1:]))
+
+
+def _of(key: str, latency) -> bool:
+    match = STATISTIC_KEY.match(key)
+    return match is not None and match.group(2) == latency.key
+
+
 def _label(p: float) -> str:
     return f"{p:g}".replace(".", "_")
 
