@@ -26,6 +26,14 @@ class GpuSpec:
     max_mem_clock_mhz: int
     interconnect_bandwidth: float  # bytes/s per direction between GPUs (NVLink or PCIe)
     pcie_generation: int = 5
+    # Share of peak HBM bandwidth that decode's weight reads achieve end to end (CUDA graphs,
+    # many mid-sized GEMV/GEMM kernels, their tails). Lower on H200: its HBM3e peak grows
+    # 43 % over the H100's but public decode latencies improve by far less (see
+    # hosts/simulator/calibration.py).
+    bandwidth_efficiency: float = 0.75
+    # Share of dense tensor-core peak that large prefill GEMMs sustain. Ampere reaches more
+    # of its (lower) peak than Hopper, whose 989 TFLOP/s is rarely held under the power cap.
+    compute_efficiency: float = 0.55
 
 
 GPUS: dict[str, GpuSpec] = {
@@ -43,9 +51,24 @@ GPUS: dict[str, GpuSpec] = {
             1980,
             2619,
             450e9,
+            bandwidth_efficiency=0.73,
+            compute_efficiency=0.47,
         ),
         GpuSpec(
-            "h200", "NVIDIA H200", 143771 * MIB, 4.8e12, 989e12, 1979e12, 700, 76, 1980, 3201, 450e9
+            "h200",
+            "NVIDIA H200",
+            143771 * MIB,
+            4.8e12,
+            989e12,
+            1979e12,
+            700,
+            76,
+            1980,
+            3201,
+            450e9,
+            # HBM3e: 43 % more peak than the H100, ~22 % more achieved in decode.
+            bandwidth_efficiency=0.62,
+            compute_efficiency=0.47,  # the H100's die and power cap
         ),
         GpuSpec(
             "a100-80g",
@@ -60,6 +83,8 @@ GPUS: dict[str, GpuSpec] = {
             1593,
             300e9,
             pcie_generation=4,
+            bandwidth_efficiency=0.77,
+            compute_efficiency=0.75,
         ),
         GpuSpec(
             "a100-40g",
@@ -74,6 +99,8 @@ GPUS: dict[str, GpuSpec] = {
             1215,
             300e9,
             pcie_generation=4,
+            bandwidth_efficiency=0.77,
+            compute_efficiency=0.75,
         ),
         GpuSpec(
             "l40s",
@@ -122,6 +149,13 @@ class ModelSpec:
     vocab: int
     max_position: int
     quantization: str | None = None  # weights: None (bf16), "fp8", "awq"
+    # The output projection shares the input embedding's matrix (small Qwen models do).
+    tied_embeddings: bool = False
+
+    @property
+    def embedding_params(self) -> float:
+        """Parameters of the input embedding table (vocab × hidden)."""
+        return float(self.vocab * self.hidden)
 
     @property
     def weight_bytes_per_param(self) -> float:
@@ -143,6 +177,10 @@ _BASE_MODELS = (
     ModelSpec("llama-3.1-70b", 80, 8192, 28672, 64, 8, 128, 70.6e9, 128256, 131072),
     ModelSpec("qwen2.5-7b", 28, 3584, 18944, 28, 4, 128, 7.62e9, 152064, 32768),
     ModelSpec("mistral-7b", 32, 4096, 14336, 32, 8, 128, 7.24e9, 32768, 32768),
+    # Qwen/Qwen2.5-0.5B(-Instruct) config.json: tie_word_embeddings true.
+    ModelSpec(
+        "qwen2.5-0.5b", 24, 896, 4864, 14, 2, 64, 0.494e9, 151936, 32768, tied_embeddings=True
+    ),
 )
 MODELS: dict[str, ModelSpec] = {}
 for _model in _BASE_MODELS:
@@ -157,6 +195,7 @@ _FAMILIES = (
     (re.compile(r"llama-?3(\.[13])?-?8b", re.I), "llama-3.1-8b"),
     (re.compile(r"llama-?3(\.[13])?-?70b", re.I), "llama-3.1-70b"),
     (re.compile(r"qwen-?2\.5-?7b", re.I), "qwen2.5-7b"),
+    (re.compile(r"qwen-?2\.5-?0\.5b", re.I), "qwen2.5-0.5b"),
     (re.compile(r"mistral-?7b", re.I), "mistral-7b"),
 )
 

@@ -15,19 +15,9 @@ def within(value, target, tolerance=0.30):
     return target * (1 - tolerance) <= value <= target * (1 + tolerance)
 
 
-# --- calibration (±30 %) -----------------------------------------------------------------------
-def test_h100_single_stream():
-    r = predict(
-        "vllm",
-        LLAMA,
-        CTX,
-        "h100-sxm",
-        Workload(num_requests=4, input_tokens=256, output_tokens=512, concurrency=1),
-    )
-    assert within(r["tpot_ms"]["mean"], 6.5), r["tpot_ms"]
-    assert 120 * 0.7 <= r["output_throughput"] <= 150 * 1.3
-
-
+# --- coarse sanity (±30 %) ----------------------------------------------------------------------
+# Round figures without one public source to pin them; the sourced points (±15 %) are in
+# hosts/simulator/calibration.py and test_calibration.py.
 def test_h100_sixteen_streams():
     r = predict(
         "vllm",
@@ -40,19 +30,9 @@ def test_h100_sixteen_streams():
     assert within(r["output_throughput"], 1400), r["output_throughput"]
 
 
-def test_a100_40gb_single_stream():
-    r = predict(
-        "vllm",
-        LLAMA,
-        CTX,
-        "a100-40g",
-        Workload(num_requests=4, input_tokens=256, output_tokens=512, concurrency=1),
-    )
-    assert within(1000 / r["tpot_ms"]["mean"], 75), r["tpot_ms"]
-
-
 def test_prefill_rate_h100():
-    """≈ 30k prompt tokens/s for an 8B model on an H100 at 50–60 % MFU."""
+    """≈ 30k prompt tokens/s for an 8B model on an H100 (~45 % of dense bf16 peak on its
+    matmul FLOPs, attention and the lm_head of one position per prompt on top)."""
     r = predict(
         "vllm",
         LLAMA,
