@@ -41,6 +41,9 @@ class Request:
     arrival: float
     priority: int = 0
     params_n: int = 1  # the client's ``n`` (choices asked for); vLLM's request_params_n
+    # The n>1 choices of one client request run as ``params_n`` requests sharing this id, as
+    # vLLM fans a parent request out to children: its per-parent histograms observe once.
+    parent_id: str | None = None
     seq: int = 0
     status: str = WAITING
     num_computed: int = 0
@@ -53,6 +56,7 @@ class Request:
     finished_at: float | None = None
     finish_reason: str | None = None
     preemptions: int = 0
+    stage_tic: float | None = None  # SGLang's Req.last_tic: when its last stage began
     sink: object = None  # whoever waits for this request's tokens (the HTTP handler)
 
     @property
@@ -77,6 +81,10 @@ class StepResult:
     num_decode_tokens: int
     num_running: int
     num_waiting: int
+    # Requests that computed prompt tokens in this step (new, chunked, or recomputed after a
+    # preemption), for the engines' per-request scheduling histograms.
+    prefilled: list = field(default_factory=list)
+    admitted: int = 0  # requests taken from the waiting queue in this step
 
     @property
     def end(self) -> float:
@@ -99,6 +107,11 @@ class EngineCore:
         self.generation_tokens = 0
         self.num_preemptions = 0
         self.finished_requests = 0
+        self.num_aborted = 0  # requests dropped by abort() (the client went away)
+        self._admitted = 0
+        # When set, called as (request, was_running) for each request abort() drops: SGLang
+        # counts aborts, and finishes a running one with its tokens so far.
+        self.on_abort = None
         # When set (a list, or anything with append), every inter-token gap in seconds.
         self.itl = None
 
@@ -121,11 +134,15 @@ class EngineCore:
         """Drop a request (client went away): free its blocks, never emit again."""
         if req.status == FINISHED:
             return
-        if req.status == RUNNING:
+        was_running = req.status == RUNNING
+        if was_running:
             self.running.remove(req)
         else:
             self.waiting.remove(req)
         self._finish(req, now, "abort")
+        self.num_aborted += 1
+        if self.on_abort is not None:
+            self.on_abort(req, was_running)
 
     @property
     def has_work(self) -> bool:
@@ -136,6 +153,7 @@ class EngineCore:
         """Plan and account one step starting at ``now``; None when there is nothing to do."""
         if not self.has_work:
             return None
+        self._admitted = 0
         if self.cfg.mixed_batches:
             scheduled, preempted = self._schedule_mixed()
         else:
@@ -163,7 +181,7 @@ class EngineCore:
         )
         end = now + duration
 
-        emitted, finished = [], []
+        emitted, finished, prefilled = [], [], []
         bs = self.cfg.block_size
         itl = self.itl
         for req, n in scheduled:
@@ -173,6 +191,7 @@ class EngineCore:
             was_prefill = req.num_computed < prompt_len
             computed = req.num_computed = req.num_computed + n
             if was_prefill:
+                prefilled.append(req)
                 done_blocks = (computed if computed < prompt_len else prompt_len) // bs
                 self.kv.cache_blocks(req.blocks, req.block_hashes, 0, done_blocks)
             if computed >= prompt_len + req.num_output:
@@ -202,6 +221,8 @@ class EngineCore:
             new_tokens - prefill_tokens,
             len(self.running),
             len(self.waiting),
+            prefilled,
+            self._admitted,
         )
 
     def _finish(self, req: Request, when: float, reason: str) -> None:
@@ -283,6 +304,7 @@ class EngineCore:
                 self.waiting.popleft()
             req.status = RUNNING
             self.running.append(req)
+            self._admitted += 1
             scheduled.append((req, n))
             budget -= n
         return budget
