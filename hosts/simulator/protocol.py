@@ -1,42 +1,41 @@
 """The OpenAI-compatible completions protocol the simulated engines speak.
 
-What a request must carry (parsed and checked as vLLM and SGLang check them) and what it gets
-back: one JSON body, or server-sent events as the tokens arrive. The engine-specific parts (error
-envelope, context-length rule) are in ``hosts.simulator.dialects``.
+What a request must carry (parsed and checked as vLLM and SGLang check them: ``sampling``), how
+it becomes engine requests (one per prompt × ``n``, as both engines expand batches and parallel
+sampling), and what it gets back: one JSON body, or server-sent events as the tokens arrive
+(their JSON, per engine: ``wire_format``; their text: ``wire_text``). The engine-specific rules
+(error envelope, context length, parameter checks) are in ``hosts.simulator.dialects``.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import time
+import uuid
+import zlib
+from dataclasses import dataclass
 
 from hosts.simulator import text
 from hosts.simulator.core import Request
-from hosts.simulator.runner import EngineRunner, Stream
+from hosts.simulator.runner import EngineRunner, Stream, wait_done
+from hosts.simulator.wire_errors import ApiError
+from hosts.simulator.wire_format import WIRES
+from hosts.simulator.wire_text import ChoiceText
+
+__all__ = ["ApiError", "Choice", "prompt_ids", "prompt_list", "respond"]
 
 
-class ApiError(Exception):
-    """A request the engine refuses: answered with ``status`` in the dialect's error envelope."""
+@dataclass(eq=False, slots=True)
+class Choice:
+    """One choice of a response: one request of the engine."""
 
-    def __init__(self, status: int, message: str, kind: str = "BadRequestError"):
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
-
-
-def int_field(data: dict, name: str, default=None, minimum: int = 0):
-    """``data[name]`` as an integer >= ``minimum``, ``default`` when absent or null."""
-    value = data.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ApiError(400, f"{name} must be an integer >= {minimum}, got {value!r}.")
-    return value
-
-
-def check_temperature(data: dict) -> None:
-    temperature = data.get("temperature", 1.0)
-    if temperature is not None and (not isinstance(temperature, int | float) or temperature < 0):
-        raise ApiError(400, f"temperature must be a number >= 0, got {temperature!r}.")
+    index: int
+    prompt_idx: int
+    prompt_ids: list[int]
+    req: Request
+    text: ChoiceText
+    rid: str  # SGLang names each choice's stream by its own request id
+    chars: int = 0  # characters of text streamed so far
 
 
 def prompt_ids(data: dict, chat: bool, vocab: int) -> list[int]:
@@ -46,146 +45,155 @@ def prompt_ids(data: dict, chat: bool, vocab: int) -> list[int]:
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "messages must be a non-empty list.")
         return text.chat_prompt_ids(messages, vocab)
-    prompt = data.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
+    prompts = prompt_list(data.get("prompt"), vocab)
+    if len(prompts) != 1:
+        raise ApiError(400, "prompt must be one string or one list of token ids.")
+    return prompts[0]
+
+
+def prompt_list(prompt, vocab: int) -> list[list[int]]:
+    """A completion request's prompts as token ids: a string, a list of token ids, or a batch
+    (a list of either), as vLLM and SGLang accept them."""
     if isinstance(prompt, str):
-        return [1, *text.tokenize(prompt, vocab)]
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in prompt)
-    ):
-        return list(prompt)
+        return [[1, *text.tokenize(prompt, vocab)]]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return [_token_ids(prompt, vocab)]
+        if all(isinstance(p, str) for p in prompt):
+            return [[1, *text.tokenize(p, vocab)] for p in prompt]
+        if all(isinstance(p, list) and p for p in prompt):
+            if all(isinstance(t, int) and not isinstance(t, bool) for p in prompt for t in p):
+                return [_token_ids(p, vocab) for p in prompt]
     raise ApiError(
         400,
-        "prompt must be a string or a non-empty list of token ids "
-        f"(0 <= id < {vocab}); batches of prompts are not supported.",
+        "prompt must be a string, a list of token ids, or a non-empty list of either "
+        f"(0 <= id < {vocab}).",
     )
 
 
-def requested_max_tokens(data: dict, chat: bool) -> int | None:
-    """The client's output limit: ``max_completion_tokens`` (chat, when given) or ``max_tokens``."""
-    name = "max_completion_tokens" if chat and "max_completion_tokens" in data else "max_tokens"
-    return int_field(data, name, None, 1)
+def _token_ids(ids: list[int], vocab: int) -> list[int]:
+    for t in ids:
+        if not 0 <= t < vocab:
+            # vLLM's Processor._validate_model_input words it so.
+            raise ApiError(400, f"Token id {t} is out of vocabulary")
+    return list(ids)
 
 
-def completion_body(req: Request, rid: str, key: int, model: str, chat: bool) -> dict:
-    """The JSON answer to a finished request that was not streamed."""
-    content = "".join(text.token_text(key, i) for i in range(req.num_output))
-    usage = {
-        "prompt_tokens": req.prompt_len,
-        "total_tokens": req.prompt_len + req.num_output,
-        "completion_tokens": req.num_output,
-        "prompt_tokens_details": None,
-    }
-    if req.finish_reason == "abort":
+async def respond(runner: EngineRunner, dialect, data: dict, chat: bool, request_id: str):
+    """Check the request as the engine would, queue one engine request per prompt and choice,
+    and answer: (status, JSON body) or an async iterator of server-sent events."""
+    params = dialect.parse(data, chat)
+    model = dialect.response_model(data)
+    vocab = runner.cfg.model.vocab
+    if chat:
+        prompts = [prompt_ids(data, True, vocab)]
+    else:
+        dialect.check_prompt(data)
+        prompts = prompt_list(data.get("prompt"), vocab)
+    requested = dialect.requested_max_tokens(data, params, chat)
+    try:
+        limits = [dialect.max_tokens(len(ids), requested) for ids in prompts]
+        for limit in limits:
+            dialect.verify(data, params, limit)
+    except ApiError as error:
+        if error.engine and params.stream:
+            return _error_stream(dialect, error)
+        raise
+    if params.priority and runner.cfg.scheduling_policy != "priority":
+        raise ApiError(
+            400, f"Got priority {params.priority} but Priority scheduling is not enabled."
+        )
+    choices = _submit(runner, dialect, params, prompts, limits)
+    created = int(time.time())
+    wire = WIRES[runner.cfg.engine](chat, request_id, created, model, params)
+    if params.stream:
+        return _events(runner, wire, choices)
+    try:
+        await asyncio.gather(*(wait_done(c.req) for c in choices))
+    finally:
+        for c in choices:
+            runner.abort(c.req)
+    if any(c.req.finish_reason == "abort" for c in choices):
         raise ApiError(
             500,
             "The request was aborted by the engine (it does not fit in the KV cache).",
             "InternalServerError",
         )
-    if chat:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": content, "tool_calls": []},
-            "logprobs": None,
-            "finish_reason": req.finish_reason,
-            "stop_reason": None,
-        }
-        kind = "chat.completion"
-    else:
-        choice = {
-            "index": 0,
-            "text": content,
-            "logprobs": None,
-            "finish_reason": req.finish_reason,
-            "stop_reason": None,
-        }
-        kind = "text_completion"
-    return {
-        "id": rid,
-        "object": kind,
-        "created": int(time.time()),
-        "model": model,
-        "choices": [choice],
-        "usage": usage,
-    }
+    return wire.body(choices)
 
 
-async def sse_events(
-    runner: EngineRunner,
-    req: Request,
-    rid: str,
-    key: int,
-    model: str,
-    chat: bool,
-    include_usage: bool,
-):
-    """The server-sent events of a streamed completion (or chat completion), as the engine's
-    tokens arrive; the last one carries the finish reason, then usage when asked, then
-    ``[DONE]``. A client that goes away aborts the request."""
-    created = int(time.time())
-    if chat:
-        head = (
-            f'{{"id":"{rid}","object":"chat.completion.chunk","created":{created},'
-            f'"model":{json.dumps(model)},"choices":[{{"index":0,"delta":'
-        )
-        yield (
-            f'data: {head}{{"role":"assistant","content":""}},"logprobs":null,'
-            '"finish_reason":null}]}\n\n'
-        )
-    else:
-        head = (
-            f'{{"id":"{rid}","object":"text_completion","created":{created},'
-            f'"model":{json.dumps(model)},"choices":[{{"index":0,"text":'
-        )
-    sink: Stream = req.sink
-    sent = 0
+def _submit(runner, dialect, params, prompts, limits) -> list[Choice]:
+    """One engine request per prompt × ``n`` (choice index = prompt × n + sample, as both
+    engines number them), each with the client's ``n``."""
+    choices = []
+    for prompt_idx, (ids, limit) in enumerate(zip(prompts, limits, strict=True)):
+        for _ in range(params.n):
+            req = runner.submit(
+                ids,
+                max(limit, 1),
+                ignore_eos=params.ignore_eos,
+                min_tokens=min(params.min_tokens, limit),
+                priority=params.priority,
+            )
+            req.params_n = params.n
+            key = zlib.crc32(f"{runner.seed}:{req.id}".encode())
+            out = ChoiceText(
+                key, params.stop, params.include_stop_str, params.min_tokens, dialect.holds_stop
+            )
+            # The engine steps the request only once this handler yields: a stop string that
+            # ends the text early ends the request there, as the engine's detokenizer would.
+            req.output_target = out.plan(req.output_target)
+            choices.append(Choice(len(choices), prompt_idx, ids, req, out, uuid.uuid4().hex))
+    return choices
+
+
+async def _events(runner: EngineRunner, wire, choices: list[Choice]):
+    """The server-sent events of a streamed response, as the engine's tokens arrive: nothing
+    before the first token (the engines send even the chat role chunk with it), then each
+    token's chunk, the closing chunks, ``[DONE]``. A client that goes away aborts them all."""
     try:
-        while True:
-            await sink.wait(sent)
-            upto, done = sink.delivered, sink.done
+        pending = list(choices)
+        while pending:
+            await _wait_any(pending)
             parts = []
-            for pos in range(sent, upto):
-                piece = json.dumps(text.token_text(key, pos))
-                last = done and pos == upto - 1
-                reason = f'"{req.finish_reason}"' if last else "null"
-                if chat:
-                    parts.append(
-                        f'data: {head}{{"content":{piece}}},"logprobs":null,'
-                        f'"finish_reason":{reason}}}]}}\n\n'
-                    )
-                else:
-                    parts.append(
-                        f'data: {head}{piece},"logprobs":null,"finish_reason":{reason},'
-                        '"stop_reason":null}],"usage":null}\n\n'
-                    )
-            sent = upto
+            for c in pending:
+                sink: Stream = c.req.sink
+                upto, done = sink.delivered, sink.done
+                start = c.text.sent_tokens
+                if upto > start or done:
+                    texts = c.text.deltas(upto, done)
+                    parts.append(wire.events(c, start, texts, done, choices))
+            pending = [c for c in pending if not c.req.sink.done]
             if parts:
                 yield "".join(parts)
-            if done:
-                break
-        if include_usage:
-            yield _usage_event(req, rid, created, model, chat)
+        closing = wire.closing(choices)
+        if closing:
+            yield closing
         yield "data: [DONE]\n\n"
     finally:
-        runner.abort(req)
+        for c in choices:
+            runner.abort(c.req)
 
 
-def _usage_event(req: Request, rid: str, created: int, model: str, chat: bool) -> str:
-    """The closing event with the token counts (``stream_options.include_usage``)."""
-    usage = {
-        "prompt_tokens": req.prompt_len,
-        "total_tokens": req.prompt_len + req.num_output,
-        "completion_tokens": req.num_output,
-    }
-    body = {
-        "id": rid,
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [],
-        "usage": usage,
-    }
-    return "data: " + json.dumps(body, separators=(",", ":")) + "\n\n"
+async def _wait_any(pending: list[Choice]) -> None:
+    """Until one of the choices has news (one stream: just wait on it)."""
+    for c in pending:
+        sink = c.req.sink
+        if sink.delivered > c.text.sent_tokens or sink.done:
+            return
+    if len(pending) == 1:
+        await pending[0].req.sink.wait(pending[0].text.sent_tokens)
+        return
+    waits = [asyncio.ensure_future(c.req.sink.wait(c.text.sent_tokens)) for c in pending]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+async def _error_stream(dialect, error: ApiError):
+    """SGLang's answer to an engine-side refusal of a streamed request: a 200 whose stream
+    carries the error (``create_streaming_error_response``), then ``[DONE]``."""
+    yield f"data: {dialect.stream_error(error)}\n\n"
+    yield "data: [DONE]\n\n"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-import zlib
 
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
@@ -21,7 +20,7 @@ from starlette.routing import Route
 from hosts.simulator import protocol, text
 from hosts.simulator.dialects import DIALECTS, Dialect
 from hosts.simulator.protocol import ApiError
-from hosts.simulator.runner import EngineRunner, wait_done
+from hosts.simulator.runner import EngineRunner
 
 
 def create_app(runner: EngineRunner) -> Starlette:
@@ -71,7 +70,10 @@ class EngineApi:
     # --- checks shared by the handlers -----------------------------------------------------
     def check_auth(self, request: HttpRequest) -> None:
         api_key = self.cfg.api_key
-        if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
+        if not api_key or not self.dialect.needs_auth(request.url.path):
+            return
+        scheme, _, key = (request.headers.get("authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or key != api_key:
             raise ApiError(401, "Unauthorized", "Unauthorized")
 
     def check_ready(self) -> None:
@@ -79,16 +81,13 @@ class EngineApi:
             raise ApiError(503, "The engine is starting.", "ServiceUnavailableError")
 
     async def body_of(self, request: HttpRequest) -> dict:
-        """The request's JSON object, for this engine's model (or no model named)."""
+        """The request's JSON object."""
         try:
             data = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ApiError(400, "The request body is not valid JSON.") from None
         if not isinstance(data, dict):
             raise ApiError(400, "The request body must be a JSON object.")
-        model = data.get("model")
-        if model is not None and model not in (self.cfg.served_model_name, self.cfg.model_name):
-            raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
         return data
 
     # --- generation ------------------------------------------------------------------------
@@ -104,38 +103,11 @@ class EngineApi:
         self.check_auth(request)
         self.check_ready()
         data = await self.body_of(request)
-        if protocol.int_field(data, "n", 1, 1) != 1:
-            raise ApiError(400, "The simulator supports n=1 only.")
-        protocol.check_temperature(data)
-        ids = protocol.prompt_ids(data, chat, self.cfg.model.vocab)
-        max_tokens = self.dialect.max_tokens(len(ids), protocol.requested_max_tokens(data, chat))
-        min_tokens = protocol.int_field(data, "min_tokens", 0)
-        priority = protocol.int_field(data, "priority", 0, -(2**31))
-        if priority and self.cfg.scheduling_policy != "priority":
-            raise ApiError(400, f"Got priority {priority} but Priority scheduling is not enabled.")
-        runner = self.runner
-        req = runner.submit(
-            ids,
-            max_tokens,
-            ignore_eos=bool(data.get("ignore_eos")),
-            min_tokens=min(min_tokens, max_tokens),
-            priority=priority,
-        )
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        key = zlib.crc32(f"{runner.seed}:{req.id}".encode())
-        model = data.get("model") or self.cfg.served_model_name
-        if data.get("stream"):
-            options = data.get("stream_options")
-            usage = isinstance(options, dict) and options.get("include_usage", True)
-            return StreamingResponse(
-                protocol.sse_events(runner, req, rid, key, model, chat, bool(usage)),
-                media_type="text/event-stream",
-            )
-        try:
-            await wait_done(req)
-        finally:
-            runner.abort(req)
-        return JSONResponse(protocol.completion_body(req, rid, key, model, chat))
+        answer = await protocol.respond(self.runner, self.dialect, data, chat, rid)
+        if isinstance(answer, dict):
+            return JSONResponse(answer)
+        return StreamingResponse(answer, media_type="text/event-stream")
 
     # --- the model and its tokenizer -------------------------------------------------------
     async def models(self, request: HttpRequest) -> Response:
@@ -169,7 +141,9 @@ class EngineApi:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def tokenize(self, request: HttpRequest) -> Response:
+        self.check_auth(request)
         data = await self.body_of(request)
+        self.dialect.response_model(data)  # vLLM: 404 for a model it does not serve
         vocab = self.cfg.model.vocab
         if "messages" in data:
             ids = protocol.prompt_ids(data, True, vocab)
@@ -180,6 +154,7 @@ class EngineApi:
         )
 
     async def detokenize(self, request: HttpRequest) -> Response:
+        self.check_auth(request)
         data = await self.body_of(request)
         tokens = data.get("tokens")
         if not isinstance(tokens, list):

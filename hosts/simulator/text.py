@@ -19,8 +19,7 @@ SPECIAL_TOKENS = 3  # a chat template's role markers per message
 
 def tokenize(text: str, vocab: int) -> list[int]:
     """Word-ish pieces (a word with its leading space, or one punctuation mark) → ids."""
-    span = vocab - FIRST_WORD_ID
-    return [FIRST_WORD_ID + zlib.crc32(p.encode()) % span for p in PIECE.findall(text)]
+    return [token_id(p, vocab) for p in PIECE.findall(text)]
 
 
 def chat_prompt_ids(messages: list[dict], vocab: int) -> list[int]:
@@ -37,10 +36,25 @@ def chat_prompt_ids(messages: list[dict], vocab: int) -> list[int]:
     return ids
 
 
+PUNCTUATION = (".", ",")
+PUNCTUATION_EVERY = 17  # one output token in 17 is a punctuation mark: the text reads as prose
+
+
 def token_text(request_key: int, position: int) -> str:
-    """The text of output token ``position`` of a request: reproducible for a seed."""
-    word = WORDS[(request_key + position * 2654435761) % len(WORDS)]
-    return ("." if position % 17 == 16 else "") + " " + word
+    """The text of output token ``position`` of a request: reproducible for a seed.
+
+    Each output token is exactly one piece of ``tokenize`` (a word with its leading space, or
+    one punctuation mark on its own), so the generated text re-tokenizes to as many tokens as
+    the usage reports, as a real engine's text does with its own tokenizer: clients that count
+    tokens from the text (AIPerf by default) then count what the engine counted."""
+    if position % PUNCTUATION_EVERY == PUNCTUATION_EVERY - 1:
+        return PUNCTUATION[(request_key + position) % len(PUNCTUATION)]
+    return " " + WORDS[(request_key + position * 2654435761) % len(WORDS)]
+
+
+def token_id(piece: str, vocab: int) -> int:
+    """The id ``tokenize`` gives one piece of text."""
+    return FIRST_WORD_ID + zlib.crc32(piece.encode()) % (vocab - FIRST_WORD_ID)
 
 
 def detokenize(ids: list[int]) -> str:
