@@ -3,7 +3,9 @@
 Histogram deltas between the first and last scrape split TTFT into queueing and prompt
 processing as the server saw them; gauges sampled every second show KV-cache use and queue
 length over time. Both vLLM (``vllm:``) and SGLang (``sglang:``) names are understood, older
-releases' names too: they come from one table, ``hosts.engines.metrics``.
+releases' names too: they come from one table, ``hosts.engines.metrics``. The prefix-cache hit
+rate comes from vLLM's prefix_cache_hits / prefix_cache_queries or SGLang's cached_tokens /
+prompt_tokens counters.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ COUNTERS = (
     "preemptions",
     "prefix_cache_queries",
     "prefix_cache_hits",
+    "cached_prompt_tokens",
 )
 HISTOGRAMS = ("ttft", "itl", "e2e", "queue", "prefill", "decode")
 _READ = frozenset((*GAUGES, *COUNTERS, *HISTOGRAMS))
@@ -79,10 +82,26 @@ def deltas(before: dict, after: dict) -> dict:
         if f"{ours}_count" in after:
             out[f"server_mean_{ours}_ms"] = total / count * 1000 if count else None
             out[f"server_{ours}_count"] = count
+    out.update(_hit_rate(before, after, out))
+    return out
+
+
+def _hit_rate(before: dict, after: dict, out: dict) -> dict:
+    """The prefix-cache hit rate over the window, in prompt tokens.
+
+    vLLM: prefix_cache_hits / prefix_cache_queries (tokens looked up at admission).
+    SGLang: cached_tokens / prompt_tokens, both counted per finished request over whole
+    prompts; SGLang writes cached_tokens only once some request had a hit, so an exposition
+    without it, but with prompt tokens, means none hit (0), not "unknown"."""
     queries, hits = out.get("prefix_cache_queries"), out.get("prefix_cache_hits")
     if queries:
-        out["prefix_cache_hit_rate"] = hits / queries
-    return out
+        return {"prefix_cache_hit_rate": hits / queries}
+    if (after.get("engine") or before.get("engine")) == "sglang":
+        prompt = out.get("prompt_tokens")
+        if prompt:
+            cached = after.get("cached_prompt_tokens", 0) - before.get("cached_prompt_tokens", 0)
+            return {"prefix_cache_hit_rate": cached / prompt}
+    return {}
 
 
 class Scraper:

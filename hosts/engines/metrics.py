@@ -58,19 +58,29 @@ METRICS: tuple[Metric, ...] = (
         "Share of the KV-cache pool in use, 0-1.",
     ),
     Metric("kv_used_tokens", "gauge", (), ("sglang:num_used_tokens",), "Tokens held in the pool."),
+    # SGLang writes this gauge from the last prefill batch alone and sets it to 0 on every
+    # decode-batch log (scheduler_metrics_mixin.py, 0.5.3): not a run's hit rate. Read
+    # cached_prompt_tokens / prompt_tokens for that.
     Metric(
-        "cache_hit_rate", "gauge", (), ("sglang:cache_hit_rate",), "Recent prefix-cache hit rate."
+        "cache_hit_rate",
+        "gauge",
+        (),
+        ("sglang:cache_hit_rate",),
+        "Prefix-cache hit rate of the last logged prefill batch (0 after a decode log).",
     ),
     Metric(
         "gen_throughput", "gauge", (), ("sglang:gen_throughput",), "Recent generation tokens/s."
     ),
     # --- counters: cumulative since start ----------------------------------------------------
+    # Both count every prompt token, cached ones too: vLLM when a request's first token comes
+    # (IterationStats.update_from_output adds prompt_len), SGLang when it finishes
+    # (observe_one_finished_request adds len(origin_input_ids)).
     Metric(
         "prompt_tokens",
         "counter",
         ("vllm:prompt_tokens",),
         ("sglang:prompt_tokens",),
-        "Prefill tokens processed.",
+        "Prompt tokens of the requests served, prefix-cache hits included.",
     ),
     Metric(
         "generation_tokens",
@@ -80,13 +90,14 @@ METRICS: tuple[Metric, ...] = (
         "Tokens generated.",
     ),
     # SGLang's counterpart of a preemption is a retraction (a running request sent back to the
-    # queue when the KV pool runs out); the counter sits beside the older per-interval gauge.
+    # queue when the KV pool runs out), but 0.5.3 exports no cumulative count of them: only
+    # the gauge sglang:num_retracted_reqs, the size of the last retraction, reset at each log.
     Metric(
         "preemptions",
         "counter",
         ("vllm:num_preemptions",),
-        ("sglang:num_retracted_requests",),
-        "Requests preempted (vLLM) or retracted (SGLang).",
+        (),
+        "Requests preempted (vLLM).",
     ),
     # Before #18354 these were gpu_prefix_cache_* and counted blocks, not tokens; their ratio
     # (the hit rate, which is what we read) means the same either way.
@@ -104,6 +115,9 @@ METRICS: tuple[Metric, ...] = (
         (),
         "Prompt tokens found in the prefix cache.",
     ),
+    # SGLang's req.cached_tokens, counted when the request finishes; over prompt_tokens it is
+    # the prefix-cache hit rate (vLLM's prefix_cache_hits / prefix_cache_queries). Only
+    # written when a request had a hit, so with none yet the family is absent: read as 0.
     Metric(
         "cached_prompt_tokens",
         "counter",
