@@ -1,6 +1,7 @@
 """Results produced elsewhere, read into the panel's result document (pure: no Django).
 
-Two kinds of file are understood:
+Two kinds of file are read here (GuideLLM's and AIPerf's in ``benchmarks.importers_guidellm``
+and ``benchmarks.importers_aiperf``, with this module's helpers):
 
 * the load generator's own JSON (``python -m benchmarks.loadgen --save-result``, or a run
   exported from a panel): ``Result.to_dict()``, per-request ``records`` with
@@ -77,7 +78,7 @@ Progress = Callable[[str, int, float], None]
 class Imported:
     """A result file read into the panel's shapes."""
 
-    kind: str  # LOADGEN or VLLM_BENCH
+    kind: str  # LOADGEN, VLLM_BENCH, importers_guidellm.GUIDELLM or importers_aiperf.AIPERF
     document: dict  # the load generator's result document, without records
     model: str
     notes: list[str] = field(default_factory=list)
@@ -91,15 +92,19 @@ class Imported:
     distributions: dict | None = None
 
 
-def read(path: str | os.PathLike, progress: Progress | None = None) -> Imported:
+def read(
+    path: str | os.PathLike, progress: Progress | None = None, benchmark: int | None = None
+) -> Imported:
     """Read the result file at ``path`` as a stream; ``ValueError`` says what it is not.
     ``progress(what, bytes_read, fraction)`` is called as bytes are read (two passes, each
-    half of the work; a file that needs one pass jumps to the end)."""
+    half of the work; a file that needs one pass jumps to the end). ``benchmark`` picks one
+    benchmark (1-based) of a GuideLLM sweep; None: the first."""
     size = os.path.getsize(path)
-    return _read(lambda: open(path, "rb"), size, progress)  # noqa: SIM115 - closed by opened
+    opener = lambda: open(path, "rb")  # noqa: E731, SIM115 - closed by opened
+    return _read(opener, size, progress, benchmark)
 
 
-def parse(data) -> Imported:
+def parse(data, benchmark: int | None = None) -> Imported:
     """Recognise and read a result file's parsed JSON; ``ValueError`` says what it is not.
     The same reader as ``read`` (the document is written out and streamed back)."""
     if isinstance(data, list):
@@ -110,10 +115,18 @@ def parse(data) -> Imported:
     if not isinstance(data, dict):
         raise ValueError("not a benchmark result: expected a JSON object")
     body = json.dumps(data).encode()
-    return _read(lambda: io.BytesIO(body), len(body), None)
+    return _read(lambda: io.BytesIO(body), len(body), None, benchmark)
 
 
-def _read(opener: Callable[[], io.RawIOBase], size: int, progress: Progress | None) -> Imported:
+def _read(
+    opener: Callable[[], io.RawIOBase],
+    size: int,
+    progress: Progress | None,
+    benchmark: int | None = None,
+) -> Imported:
+    # The peers' readers import this module's helpers: imported here, not at the top.
+    from benchmarks import importers_aiperf, importers_guidellm
+
     total = 2 * max(size, 1)
 
     def report(what: str, offset: int):
@@ -122,14 +135,22 @@ def _read(opener: Callable[[], io.RawIOBase], size: int, progress: Progress | No
         return lambda done: progress(what, done, (offset + done) / total)
 
     non_finite = has_non_finite(opener)
+    if importers_aiperf.is_records_file(opener):
+        # JSON Lines (one request a line): not one JSON value, so not for ``scan``.
+        imported = importers_aiperf.read_records(
+            opener, report("reading the file", 0), report("reading the requests", size)
+        )
+        if progress:
+            progress("read", size, 1.0)
+        return imported
     with opened(opener, non_finite, report("reading the file", 0)) as (stream, counted):
         scanned = scan(stream, counted)
 
+    def reopen(what: str):
+        return opened(opener, non_finite, report(what, size))
+
     def second_pass(prefix: str):
-        with opened(opener, non_finite, report("reading the per-request lists", size)) as (
-            stream,
-            counted,
-        ):
+        with reopen("reading the per-request lists") as (stream, counted):
             try:
                 yield from ijson.items(stream, prefix, buf_size=READ_SIZE, use_float=True)
             except ijson.JSONError as exc:
@@ -144,14 +165,22 @@ def _read(opener: Callable[[], io.RawIOBase], size: int, progress: Progress | No
         imported = _loadgen(scanned, second_pass)
     elif "completed" in present and present & {"backend", "endpoint_type", "model_id"}:
         imported = _vllm(scanned, second_pass)
+    elif importers_guidellm.recognised(present):
+        imported = importers_guidellm.read(scanned, reopen, benchmark)
+    elif importers_aiperf.recognised(present):
+        imported = importers_aiperf.read_summary(scanned)
     elif "format" in present and "spec" in present:
         raise ValueError("this is a load profile export: import it on the load profiles page")
     else:
         raise ValueError(
             "not a result this panel reads: expected the load generator's JSON (keys spec, "
-            "stages, timeline, completed) or vllm bench serve --save-result JSON (keys "
-            "backend, model_id, completed, mean_ttft_ms, ...)"
+            "stages, timeline, completed), vllm bench serve --save-result JSON (keys "
+            "backend, model_id, completed, mean_ttft_ms, ...), GuideLLM's benchmarks.json "
+            "(keys metadata, config, benchmarks) or AIPerf's profile_export_aiperf.json / "
+            "profile_export.jsonl"
         )
+    if benchmark is not None and imported.kind != importers_guidellm.GUIDELLM:
+        raise ValueError("a benchmark number is only for GuideLLM files (they hold several)")
     if progress:
         progress("read", size, 1.0)
     return imported

@@ -39,7 +39,9 @@ DETAILED_EXTRA = (
 # request; these two are read in the second pass, one element at a time; the rest of the
 # per-request lists are skipped without being built.
 NUMBER_LISTS = ("ttfts", "input_lens", "output_lens", "start_times", "e2els", "latencies")
-SECOND_PASS = ("records", "itls")
+# GuideLLM's "benchmarks" (each with its own per-request lists) is read by
+# ``benchmarks.importers_guidellm`` in its own pass, one request at a time.
+SECOND_PASS = ("records", "itls", "benchmarks")
 SKIPPED = tuple(
     k for k in DETAILED + DETAILED_EXTRA if k not in (*NUMBER_LISTS, *SECOND_PASS, "errors")
 )
