@@ -1,0 +1,101 @@
+"""Reading AIPerf's results: real files of one AIPerf 0.13.0 run against the simulator
+(tests/benchmarks/fixtures/README.md), the summary (profile_export_aiperf.json) and the
+per-request records (profile_export.jsonl). The records, read the way this panel reads them,
+give back AIPerf's own summary numbers: evidence that the names are mapped onto the same
+quantities (aiperf/metrics/types/*.py of 0.13.0)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import importers, importers_aiperf, records
+from tests.benchmarks.test_importers import vllm_detailed
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SUMMARY = FIXTURES / "aiperf-0.13.0-profile_export_aiperf.json"
+RECORDS = FIXTURES / "aiperf-0.13.0-profile_export.jsonl"
+OURS = {
+    "time_to_first_token": "ttft",
+    "request_latency": "e2el",
+    "inter_chunk_latency": "itl",
+    "inter_token_latency": "tpot",
+}
+
+
+@pytest.fixture(scope="module")
+def summary() -> dict:
+    return json.loads(SUMMARY.read_text())
+
+
+def test_the_summary_maps_their_names_onto_ours(summary):
+    got = importers.read(SUMMARY)
+    doc = got.document
+    assert got.kind == importers_aiperf.AIPERF and got.model == "meta-llama/Llama-3.1-8B-Instruct"
+    assert got.log is None and "AIPerf 0.13.0" in got.notes[0]
+    assert any("profile_export.jsonl" in n for n in got.notes)
+    # request_count counts the successes; error_request_count the failures.
+    assert (doc["completed"], doc["failed"]) == (7, 5)
+    assert doc["error_rate"] == pytest.approx(5 / 12)
+    assert doc["max_concurrency"] == 4 and doc["endpoint"] == "/v1/chat/completions"
+    assert doc["total_output_tokens"] == summary["total_usage_completion_tokens"]["avg"]
+    for theirs, ours in OURS.items():
+        assert doc[f"mean_{ours}_ms"] == summary[theirs]["avg"]
+        assert doc[f"median_{ours}_ms"] == summary[theirs]["p50"]
+        assert doc[f"p99_{ours}_ms"] == summary[theirs]["p99"]
+    # Their "inter_token_latency" is one value a request: our TPOT, not our ITL.
+    assert doc["p90_tpot_ms"] == summary["inter_token_latency"]["p90"]
+    assert doc["p90_itl_ms"] == summary["inter_chunk_latency"]["p90"]
+    assert doc["p90_tpot_ms"] != doc["p90_itl_ms"]
+
+
+def test_the_records_give_back_aiperfs_own_summary(summary):
+    got = importers.read(RECORDS)
+    doc = got.document
+    assert got.kind == importers_aiperf.AIPERF and got.log_count == 12
+    assert (doc["completed"], doc["failed"]) == (7, 5)
+    assert any("profile_export.jsonl" in n for n in got.notes)
+    for theirs, ours in OURS.items():
+        for stat, key in (("avg", "mean"), ("p50", "p50"), ("p90", "p90"), ("p99", "p99")):
+            assert doc[f"{key}_{ours}_ms"] == pytest.approx(summary[theirs][stat], rel=1e-9), (
+                theirs,
+                stat,
+            )
+    assert doc["total_input_tokens"] == summary["total_usage_prompt_tokens"]["avg"]
+    rows = records.decode(got.log)
+    failed = [r for r in rows if r["error_class"] is not None]
+    assert len(failed) == 5 and {r["error_class"] for r in failed} == {"http_4xx"}
+    assert "maximum context length" in failed[0]["error"]
+    assert min(r["sent_s"] for r in rows) == 0.0
+    assert got.distributions["n"]["itl"] == summary["inter_chunk_latency"]["count"]
+
+
+def test_warm_up_lines_are_left_out(tmp_path):
+    lines = RECORDS.read_text().splitlines()
+    first = json.loads(lines[0])
+    first["metadata"]["benchmark_phase"] = "warmup"
+    path = tmp_path / "profile_export.jsonl"
+    path.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    assert importers.read(path).log_count == 11
+
+
+def test_a_line_that_is_not_a_record_is_refused_with_its_number(tmp_path):
+    lines = RECORDS.read_text().splitlines()
+    path = tmp_path / "profile_export.jsonl"
+    path.write_text("\n".join([*lines[:3], '{"hello": 1}', *lines[3:]]) + "\n")
+    with pytest.raises(ValueError, match="line 4 is not a request record"):
+        importers.read(path)
+    path.write_text("\n".join([*lines[:2], "{not json", *lines[2:]]) + "\n")
+    with pytest.raises(ValueError, match="line 3 is not JSON"):
+        importers.read(path)
+
+
+def test_a_one_line_json_file_is_not_taken_for_records(tmp_path):
+    path = tmp_path / "vllm.json"
+    path.write_text(json.dumps(vllm_detailed()) + "\n")
+    assert importers.read(path).kind == importers.VLLM_BENCH
+    # GuideLLM writes its report on one line too, with "metadata" first.
+    guidellm = FIXTURES / "guidellm-0.8.1-benchmarks.json"
+    assert not importers_aiperf.is_records_file(lambda: open(guidellm, "rb"))
