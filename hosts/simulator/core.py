@@ -44,6 +44,9 @@ class Request:
     # The n>1 choices of one client request run as ``params_n`` requests sharing this id, as
     # vLLM fans a parent request out to children: its per-parent histograms observe once.
     parent_id: str | None = None
+    # Whether the client streams: SGLang's scheduler sends a non-streamed request's output
+    # only every 50 tokens and at the end, which is when its tokenizer observes TTFT.
+    stream: bool = True
     seq: int = 0
     status: str = WAITING
     num_computed: int = 0

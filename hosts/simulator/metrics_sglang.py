@@ -38,6 +38,8 @@ from hosts.simulator.core import EngineCore, Request, StepResult
 SCHEDULER_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank")
 TOKENIZER_LABELS = ("model_name",)
 DECODE_LOG_INTERVAL = 40  # server_args.decode_log_interval default
+# scheduler_output_processor_mixin.py: a non-streamed request's output goes out every 50 tokens
+FORCE_STREAM_INTERVAL = 50
 IDLE_LOG_SECONDS = 30  # scheduler.check_memory: "During idle time, also collect metrics every 30s"
 QUEUE_TIME_BUCKETS = (0.0, 0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80)
 QUEUE_TIME_BUCKETS += (90, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400)
@@ -171,7 +173,10 @@ class SglangMetrics:
             self._retracted = len(step.preempted)
         end = step.end
         for req in step.emitted:
-            if req.num_output == 1:
+            # The tokenizer's first output: the first token of a streamed request; for a
+            # non-streamed one the 50th (DEFAULT_FORCE_STREAM_INTERVAL) or, if it finishes
+            # sooner, its last (see on_finished).
+            if req.num_output == (1 if req.stream else FORCE_STREAM_INTERVAL):
                 self.ttft.labels(**self.tokenizer).observe(end - req.arrival)
         if step.prefilled:
             self._prefill_batch(core, step)
@@ -257,6 +262,8 @@ class SglangMetrics:
         rate over finished requests."""
         if req.first_token is None:
             return  # the core's own abort of a request that can never fit: not a request here
+        if not req.stream and req.num_output < FORCE_STREAM_INTERVAL:
+            self.ttft.labels(**self.tokenizer).observe(req.finished_at - req.arrival)
         self._count_finished(req)
 
     def _count_finished(self, req: Request) -> None:
@@ -276,7 +283,8 @@ class SglangMetrics:
         self.num_aborted.labels(**self.tokenizer).inc()
         if not was_running:
             return
-        if req.first_token is None:
+        first_output_sent = req.num_output >= (1 if req.stream else FORCE_STREAM_INTERVAL)
+        if not first_output_sent:
             self.ttft.labels(**self.tokenizer).observe(req.finished_at - req.arrival)
         self._count_finished(req)
 

@@ -2,6 +2,7 @@
 semantics (vLLM 0.11.0 ``vllm/v1/metrics/stats.py``; SGLang 0.5.3 ``metrics/collector.py``,
 ``managers/scheduler_metrics_mixin.py``, ``managers/tokenizer_manager.py``), not constants."""
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hosts.simulator import metrics_sglang
@@ -56,7 +57,8 @@ def test_vllm_request_tpot_is_decode_time_over_later_tokens():
     run(core, metrics)
     v = samples(metrics)
     expected = (req.last_token - req.first_token) / 8
-    assert total(v, "vllm:request_time_per_output_token_seconds_sum") == expected > 0
+    assert expected > 0
+    assert total(v, "vllm:request_time_per_output_token_seconds_sum") == pytest.approx(expected)
 
 
 def test_vllm_n_is_observed_once_per_parent_with_its_longest_child():
@@ -171,3 +173,32 @@ def test_sglang_retractions_are_reported_once_then_reset():
     assert any(g > 0 for g, _ in checked) and checked[-1][0] == 0
     pid_labelled = samples(metrics)["sglang:num_retracted_reqs"]
     assert all("pid" in dict(k) for k in pid_labelled)
+
+
+def test_sglang_ttft_of_a_non_streamed_request_is_its_first_output():
+    # The scheduler sends a non-streamed request's output every 50 tokens and at the end:
+    # the tokenizer's TTFT is then the 50th token's time, or the whole request's if shorter.
+    cfg, core, metrics = engine("sglang")
+    short, long, streamed = (
+        request(1, 64, 20, 0.0),
+        request(2, 64, 80, 0.0),
+        request(3, 64, 80, 0.0),
+    )
+    short.stream = long.stream = False
+    tokens_at = {}
+    original = core.step
+
+    def step(now):
+        result = original(now)
+        for req in result.emitted:
+            tokens_at.setdefault(req.id, []).append(result.end)
+        return result
+
+    core.step = step
+    for req in (short, long, streamed):
+        core.add(req)
+    run(core, metrics)
+    v = samples(metrics)
+    expected = short.finished_at + tokens_at["2"][49] + streamed.first_token
+    assert total(v, "sglang:time_to_first_token_seconds_count") == 3
+    assert total(v, "sglang:time_to_first_token_seconds_sum") == pytest.approx(expected, rel=1e-12)
