@@ -17,6 +17,8 @@ class RunSource(models.TextChoices):
     PANEL = "panel", "Run by the panel"
     LOADGEN = "loadgen", "Imported: load generator CLI"
     VLLM_BENCH = "vllm-bench", "Imported: vllm bench serve"
+    GUIDELLM = "guidellm", "Imported: GuideLLM"
+    AIPERF = "aiperf", "Imported: AIPerf"
 
 
 class Pricing(models.TextChoices):

@@ -86,6 +86,7 @@ class Imported:
     date: datetime | None = None  # when the run started, when the file says
     label: str = ""
     panel: dict = field(default_factory=dict)  # what an exporting panel added
+    tool: str = ""  # the tool and version that wrote a peer's file ("GuideLLM 0.8.1")
     # From the per-request part, when the file has one (``benchmarks.records``):
     log: bytes | None = None  # the compressed request log, measured requests only
     log_count: int = 0

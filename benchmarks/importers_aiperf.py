@@ -109,6 +109,7 @@ def read_summary(scanned) -> base.Imported:
         notes=notes,
         date=base._date(data.get("start_time")),
         label="aiperf",
+        tool=f"AIPerf {version}",
     )
 
 
@@ -282,6 +283,7 @@ def read_records(opener, first_report, second_report) -> base.Imported:
         notes=notes,
         date=datetime.fromtimestamp(t0 / 1e9, UTC),
         label="aiperf",
+        tool="AIPerf (records)",  # the records file does not say which version wrote it
         **log.parts(),
     )
 

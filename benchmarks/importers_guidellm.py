@@ -295,6 +295,7 @@ def _imported(report: dict, chosen: dict, summaries: list[dict], index: int, log
         spec=None,
         date=datetime.fromtimestamp(started, UTC) if started else None,
         label=f"guidellm {summaries[index - 1]['strategy']}"[:100],
+        tool=f"GuideLLM {version}",
         **log.parts(),
     )
 

@@ -306,6 +306,11 @@ class ImportJob(BackgroundOperation):
         "hosts.EngineConfig", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     label = models.CharField(max_length=100, blank=True)
+    benchmark = models.PositiveSmallIntegerField(
+        null=True,
+        blank=True,
+        help_text="Which benchmark of a GuideLLM file (1 = the first; empty: the first).",
+    )
     filename = models.CharField(max_length=255, help_text="The uploaded file's name.")
     path = models.CharField(
         max_length=500, blank=True, help_text="The saved upload; empty once deleted."

@@ -110,8 +110,10 @@ class RunImportForm(forms.Form):
 
     file = forms.FileField(
         help_text="JSON from python -m benchmarks.loadgen --save-result (or a run exported "
-        "from a panel), or from vllm bench serve --save-result (add --save-detailed for "
-        "latency distributions and the request log)."
+        "from a panel), from vllm bench serve --save-result (add --save-detailed for "
+        "latency distributions and the request log), GuideLLM's benchmarks.json "
+        "(guidellm run --output kind=json), or AIPerf's profile_export_aiperf.json (the "
+        "summary) or profile_export.jsonl (every request: distributions and the request log)."
     )
     deployment = forms.ModelChoiceField(
         Deployment.objects.select_related("host").order_by("host__name", "name"),
@@ -126,6 +128,14 @@ class RunImportForm(forms.Form):
         help_text="The settings it ran with, if you know them (empty: not recorded).",
     )
     label = forms.CharField(max_length=100, required=False)
+    benchmark = forms.IntegerField(
+        min_value=1,
+        max_value=1000,
+        required=False,
+        label="GuideLLM benchmark",
+        help_text="A GuideLLM file holds one benchmark per rate of a sweep: which one to "
+        "import (1 = the first, the default). The run's notes list the others.",
+    )
 
     def clean_file(self):
         """The upload itself: it is read later, as a stream, by a background task. Only

@@ -1,6 +1,6 @@
 """Importing a result produced elsewhere (the load generator's CLI, another panel's export,
-``vllm bench serve``) as a finished run of one of our deployments, so it sits in the history
-and the compare view next to the runs the panel made itself.
+``vllm bench serve``, GuideLLM, AIPerf) as a finished run of one of our deployments, so it
+sits in the history and the compare view next to the runs the panel made itself.
 
 An uploaded file is read in the background (``start_import`` → the task
 ``benchmarks.tasks.import_result`` → ``execute_import``): it is saved owner-only under
@@ -21,7 +21,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from benchmarks import importers
+from benchmarks import importers, importers_aiperf, importers_guidellm
 from benchmarks.choices import RunSource
 from benchmarks.loadgen.profile import build_spec
 from benchmarks.loadgen.spec import SpecError
@@ -35,7 +35,12 @@ from hosts.models import Deployment, EngineConfig
 
 log = logging.getLogger(__name__)
 
-SOURCES = {importers.LOADGEN: RunSource.LOADGEN, importers.VLLM_BENCH: RunSource.VLLM_BENCH}
+SOURCES = {
+    importers.LOADGEN: RunSource.LOADGEN,
+    importers.VLLM_BENCH: RunSource.VLLM_BENCH,
+    importers_guidellm.GUIDELLM: RunSource.GUIDELLM,
+    importers_aiperf.AIPERF: RunSource.AIPERF,
+}
 UPLOAD_DIR = "imports"  # under VAR_DIR
 # The job row is written when the reading has moved on by this share of the work (or its
 # phase changed): a hundred small updates for any file, however large.
@@ -48,9 +53,11 @@ def start_import(
     deployment: Deployment,
     engine_config: EngineConfig | None = None,
     label: str = "",
+    benchmark: int | None = None,
 ) -> ImportJob:
     """Save the uploaded file (a Django ``UploadedFile``) owner-only under VAR_DIR, record an
-    ``ImportJob`` and queue the task that reads it. The page follows the job."""
+    ``ImportJob`` and queue the task that reads it. The page follows the job. ``benchmark``
+    picks one benchmark of a GuideLLM sweep (1-based; None: the first)."""
     if engine_config is not None and engine_config.deployment_id != deployment.pk:
         raise ValueError(f"config v{engine_config.version} belongs to another deployment")
     path = _save_upload(upload)
@@ -61,6 +68,7 @@ def start_import(
                 deployment=deployment,
                 engine_config=engine_config,
                 label=label[:100],
+                benchmark=benchmark,
                 filename=os.path.basename(upload.name or "upload.json")[:255],
                 path=str(path),
                 bytes_total=path.stat().st_size,
@@ -81,7 +89,7 @@ def execute_import(job: ImportJob) -> BenchmarkRun | None:
     if job.status == OperationStatus.QUEUED:
         job.transition_to(OperationStatus.RUNNING)
     try:
-        imported = importers.read(job.path, progress=_Reporter(job))
+        imported = importers.read(job.path, progress=_Reporter(job), benchmark=job.benchmark)
         _report(job, phase="saving the run", progress=1.0)
         with transaction.atomic():
             run = record_import(
@@ -329,6 +337,8 @@ def _started(imported: importers.Imported):
 def _tool_version(imported: importers.Imported) -> str:
     if imported.kind == importers.VLLM_BENCH:
         return "vllm bench serve"
+    if imported.tool:
+        return imported.tool
     return str(imported.panel.get("loadgen_version") or "cli")
 
 

@@ -52,7 +52,12 @@ def run_import(request):
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         job = start_import(
-            request.user, data["file"], data["deployment"], data["engine_config"], data["label"]
+            request.user,
+            data["file"],
+            data["deployment"],
+            data["engine_config"],
+            data["label"],
+            benchmark=data["benchmark"],
         )
         return redirect(job)
     status = 400 if form.is_bound else 200

@@ -99,3 +99,23 @@ def test_a_one_line_json_file_is_not_taken_for_records(tmp_path):
     # GuideLLM writes its report on one line too, with "metadata" first.
     guidellm = FIXTURES / "guidellm-0.8.1-benchmarks.json"
     assert not importers_aiperf.is_records_file(lambda: open(guidellm, "rb"))
+
+
+@pytest.mark.django_db
+def test_the_import_page_takes_aiperf_records(client, operator):
+    from benchmarks.models import BenchmarkRun
+    from tests.benchmarks.test_import_streaming import post_import
+    from tests.factories import make_deployment
+
+    deployment = make_deployment()
+    client.force_login(operator)
+    with open(RECORDS, "rb") as handle:
+        response = post_import(client, {"file": handle, "deployment": deployment.pk, "label": ""})
+    run = BenchmarkRun.objects.get()
+    assert run.source == "aiperf" and (run.completed, run.failed) == (7, 5)
+    assert run.model_name == deployment.model  # the records name no model
+    assert run.ttft_p50_ms == pytest.approx(
+        json.loads(SUMMARY.read_text())["time_to_first_token"]["p50"]
+    )
+    page = client.get(response["Location"]).content.decode()
+    assert "Read as AIPerf" in page and "profile_export.jsonl" in page

@@ -142,3 +142,34 @@ def test_a_big_file_is_read_one_request_at_a_time(tmp_path, raw):
         tracemalloc.stop()
     assert got.log_count == 100 + 6
     assert peak < size / 20, f"peak {peak / 2**20:.1f} MiB for a {size / 2**20:.1f} MiB file"
+
+
+@pytest.mark.django_db
+def test_the_import_page_takes_a_guidellm_file_and_the_benchmark_picked(client, operator):
+    from benchmarks.models import BenchmarkRun, RunRequestLog
+    from tests.benchmarks.test_import_streaming import post_import
+    from tests.factories import make_deployment
+
+    deployment = make_deployment()
+    client.force_login(operator)
+    with open(FIXTURE, "rb") as handle:
+        response = post_import(
+            client, {"file": handle, "deployment": deployment.pk, "label": "", "benchmark": 2}
+        )
+    run = BenchmarkRun.objects.get()
+    assert response.status_code == 302
+    assert run.source == "guidellm" and run.loadgen_version == "GuideLLM 0.8.1"
+    assert run.import_job.benchmark == 2 and run.label == "guidellm concurrent@4"
+    assert (run.completed, run.failed) == (4, 6)
+    assert RunRequestLog.objects.get(run=run).count == 10
+    assert any("includes the first token" in n for n in run.notes)
+    assert any("1 concurrent@1" in n for n in run.notes)
+    page = client.get(response["Location"]).content.decode()
+    assert "Read as GuideLLM (GuideLLM 0.8.1)" in page and "includes the first token" in page
+    # A number past the file's benchmarks fails the job with the list to pick from.
+    with open(FIXTURE, "rb") as handle:
+        response = post_import(
+            client, {"file": handle, "deployment": deployment.pk, "label": "", "benchmark": 5}
+        )
+    page = client.get(response["Location"]).content.decode()
+    assert "no benchmark 5; the file holds 2" in page
