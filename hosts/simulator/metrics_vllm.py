@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.gc_collector import GCCollector
+from prometheus_client.metrics_core import Metric
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
@@ -80,6 +81,26 @@ def cache_config_labels(cfg: SimConfig) -> dict[str, str]:
     }
 
 
+class Renamed:
+    """A collector serving another metric's families under a new name."""
+
+    def __init__(self, source, name: str, documentation: str):
+        self.source = source
+        self.name = name
+        self.documentation = documentation
+
+    def describe(self):
+        return [Metric(self.name, self.documentation, "histogram")]
+
+    def collect(self):
+        for family in self.source.collect():
+            out = Metric(self.name, self.documentation, family.type)
+            for sample in family.samples:
+                suffix = sample.name[len(family.name) :]
+                out.add_sample(self.name + suffix, sample.labels, sample.value)
+            yield out
+
+
 class VllmMetrics:
     """The registry of one simulated vLLM 0.11 engine (engine index 0)."""
 
@@ -132,11 +153,25 @@ class VllmMetrics:
             "request_params_max_tokens", "The max_tokens parameter.", per_len
         )
         self.ttft = histogram("time_to_first_token_seconds", "TTFT.", TTFT_BUCKETS)
-        # Deprecated in 0.11 (hidden from 0.12) but shown by 0.11: the same gaps as ITL.
-        self.tpot = histogram(
-            "time_per_output_token_seconds", "DEPRECATED: use ITL.", TOKEN_LATENCY_BUCKETS
+        itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            LABELS,
+            buckets=TOKEN_LATENCY_BUCKETS,
+            registry=r,
         )
-        self.itl = histogram("inter_token_latency_seconds", "ITL.", TOKEN_LATENCY_BUCKETS)
+        self.itl = itl.labels(*values)
+        # Deprecated in 0.11 (hidden from 0.12) but shown by 0.11, observed with exactly the
+        # gaps ITL gets and with the same buckets: served as a copy of ITL under its name
+        # rather than observed twice per token.
+        r.register(
+            Renamed(
+                itl,
+                "vllm:time_per_output_token_seconds",
+                "Histogram of time per output token in seconds."
+                "DEPRECATED: Use vllm:inter_token_latency_seconds instead.",
+            )
+        )
         self.request_tpot = histogram(
             "request_time_per_output_token_seconds", "TPOT per request.", TOKEN_LATENCY_BUCKETS
         )
@@ -182,9 +217,9 @@ class VllmMetrics:
         self.iteration_tokens.observe(prompt_tokens + generated)
 
     def append(self, seconds: float) -> None:
-        """One inter-token gap: vLLM observes it as ITL and as the deprecated TPOT."""
+        """One inter-token gap: vLLM observes it as ITL and as the deprecated TPOT (the
+        ``Renamed`` copy)."""
         self.itl.observe(seconds)
-        self.tpot.observe(seconds)
 
     def on_finished(self, req: Request) -> None:
         """``update_from_finished_request`` and the parent's n / max-generation histograms.
