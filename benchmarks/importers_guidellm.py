@@ -122,7 +122,7 @@ class _Pass:
             elif event == "end_map":
                 self._close_key()
                 self._close_benchmark()
-            elif event != "start_array":
+            else:
                 raise ValueError("GuideLLM report: each benchmark must be an object")
             return
         if not prefix.startswith("benchmarks.item.") or self.key is None:

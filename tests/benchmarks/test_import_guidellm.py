@@ -173,3 +173,12 @@ def test_the_import_page_takes_a_guidellm_file_and_the_benchmark_picked(client, 
         )
     page = client.get(response["Location"]).content.decode()
     assert "no benchmark 5; the file holds 2" in page
+
+
+def test_a_benchmark_that_is_not_an_object_is_refused():
+    with pytest.raises(ValueError, match="each benchmark must be an object"):
+        importers.parse({"metadata": {}, "config": {}, "benchmarks": [[1, 2]]})
+    with pytest.raises(ValueError, match="holds no benchmarks"):
+        importers.parse({"metadata": {}, "config": {}, "benchmarks": []})
+    with pytest.raises(ValueError, match="'benchmarks' must be a list"):
+        importers.parse({"metadata": {}, "config": {}, "benchmarks": {"a": 1}})
