@@ -114,6 +114,8 @@ class VllmDialect(Dialect):
             raise sampling.value_error(
                 "Either prompt or prompt_embeds must be provided and non-empty.", data
             )
+        if data.get("suffix") is not None:
+            raise ApiError(400, "suffix is not currently supported")  # serving_completion.py
 
     def routes(self) -> list[Route]:
         # vLLM serves its cache and sleep endpoints only in development mode

@@ -151,8 +151,14 @@ def verify_vllm(data: dict, p: Params, max_tokens: int) -> None:
     top_p = typed(data, "top_p", float, 1.0)
     top_k = typed(data, "top_k", int, 0)
     min_p = typed(data, "min_p", float, 0.0)
+    best_of = typed(data, "best_of", int)
     checks = (
         (p.n < 1, f"n must be at least 1, got {p.n}."),
+        (best_of is not None and best_of < 1, f"best_of must be at least 1, got {best_of}"),
+        (
+            best_of is not None and best_of < p.n,
+            f"best_of must be greater than or equal to n, got n={p.n} and best_of={best_of}.",
+        ),
         (not -2.0 <= presence <= 2.0, f"presence_penalty must be in [-2, 2], got {presence}."),
         (
             not -2.0 <= frequency <= 2.0,
@@ -182,6 +188,8 @@ def verify_vllm(data: dict, p: Params, max_tokens: int) -> None:
     for failed, message in checks:
         if failed:
             raise ApiError(400, message)
+    if best_of is not None and best_of > 1:
+        raise ApiError(400, "vLLM V1 does not yet support best_of.")  # Processor
     if p.logprobs is not None and p.logprobs > VLLM_MAX_LOGPROBS:
         raise ApiError(
             400,

@@ -19,9 +19,17 @@ import json
 
 from hosts.simulator.wire_text import EOS_TOKEN_ID, token_bytes, token_logprobs
 
+_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_string = json.JSONEncoder().encode  # the C encoder, for the per-token strings
+
 
 def dumps(obj) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    """Compact JSON, as pydantic's model_dump_json writes it."""
+    if obj is None:
+        return "null"
+    if isinstance(obj, str):
+        return _string(obj)
+    return _compact(obj)
 
 
 def finish_of(choice) -> tuple[str | None, str | int | None]:
@@ -44,12 +52,17 @@ class Wire:
             params,
         )
         self.kind = "chat.completion.chunk" if chat else "text_completion"
+        self._heads: dict[str | None, str] = {}
 
     def head(self, rid: str | None = None) -> str:
-        return (
-            f'{{"id":"{rid or self.rid}","object":"{self.kind}","created":{self.created},'
-            f'"model":{dumps(self.model)},"choices":['
-        )
+        """The start of a chunk, up to its choices (built once per stream id)."""
+        head = self._heads.get(rid)
+        if head is None:
+            head = self._heads[rid] = (
+                f'{{"id":"{rid or self.rid}","object":"{self.kind}","created":{self.created},'
+                f'"model":{dumps(self.model)},"choices":['
+            )
+        return head
 
     @staticmethod
     def usage(choices) -> dict:

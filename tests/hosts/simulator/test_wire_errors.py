@@ -26,6 +26,9 @@ VLLM_REFUSALS = [
     ),
     ({"stop": ["a", ""]}, "stop cannot contain an empty string."),
     ({"logprobs": 21}, "Requested sample logprobs of 21, which is greater than max allowed: 20"),
+    ({"n": 3, "best_of": 2}, "best_of must be greater than or equal to n, got n=3 and best_of=2."),
+    ({"best_of": 2}, "vLLM V1 does not yet support best_of."),
+    ({"suffix": "end"}, "suffix is not currently supported"),
 ]
 SGLANG_REFUSALS = [
     ({"top_p": 2}, "top_p must be in (0, 1], got 2.0."),
