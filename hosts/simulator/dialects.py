@@ -83,6 +83,8 @@ class Dialect:
 
 
 class VllmDialect(Dialect):
+    """vLLM 0.11.0's OpenAI-compatible server (vllm/entrypoints/openai/api_server.py)."""
+
     holds_stop = True  # vllm/v1/engine/detokenizer.py get_next_output_text
 
     def error_payload(self, body: dict) -> dict:
@@ -155,6 +157,8 @@ class VllmDialect(Dialect):
 
 
 class SglangDialect(Dialect):
+    """SGLang 0.5.3's server (sglang/srt/entrypoints/http_server.py and openai/)."""
+
     DEFAULT_MAX_TOKENS = 128
 
     def error_payload(self, body: dict) -> dict:

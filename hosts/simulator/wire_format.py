@@ -81,6 +81,8 @@ class Wire:
 
 
 class VllmWire(Wire):
+    """vLLM 0.11.0's chunks and bodies."""
+
     opened = False  # whether the engine's first output has been sent
 
     def events(self, choice, start: int, texts: list[str], finished: bool, choices) -> str:
@@ -223,6 +225,8 @@ class VllmWire(Wire):
 
 
 class SglangWire(Wire):
+    """SGLang 0.5.3's chunks and bodies."""
+
     def events(self, choice, start: int, texts: list[str], finished: bool, choices) -> str:
         """The chunks for ``texts``, the new tokens of ``choice`` from position ``start``."""
         out = []

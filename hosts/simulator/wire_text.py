@@ -64,8 +64,11 @@ class ChoiceText:
             if count <= self.min_tokens:
                 continue
             for stop in self.stop:
-                # vLLM: output_text.find(stop_str, 1 - new_char_count - stop_string_len)
-                index = out.find(stop, max(0, len(out) + 1 - len(piece) - len(stop)))
+                # vLLM: output_text.find(stop_str, 1 - new_char_count - stop_string_len);
+                # an empty one (only SGLang lets it through) matches at once and its trim
+                # (output.find("")) leaves nothing.
+                start = max(0, len(out) + 1 - len(piece) - len(stop)) if stop else 0
+                index = out.find(stop, start)
                 if index == -1:
                     continue
                 if self.include_stop:
