@@ -4,8 +4,11 @@
 1. Virtual time: how fast predict() simulates 10,000 requests.
 2. Real time: 1,000 concurrent streams against a running simulator (client in a second
    process), and the server's event-loop lag meanwhile (target: p99 under 5 ms).
+3. Pacing: closed-loop loads at concurrency 1, 8 and 64 measured by the load generator in a
+   second process, against predict() for the same workload: how far the real-time server's
+   pace (ITL, TTFT, throughput) is from its own model while a client shares the CPU.
 
-    .venv/bin/python scripts/bench_simulator.py [--streams 1000] [--tokens 128]
+    .venv/bin/python scripts/bench_simulator.py [all|virtual|real|pacing] [--streams 1000]
 """
 
 from __future__ import annotations
@@ -48,19 +51,26 @@ def virtual(requests: int) -> None:
     )
 
 
-def client(port: int, streams: int, tokens: int) -> dict:
-    """All streams at once, measured by the panel's own load generator."""
+def client(port: int, streams: int, tokens: int, concurrency: int | None = None) -> dict:
+    """All streams at once (or a closed loop at ``concurrency``), measured by the panel's own
+    load generator."""
     from benchmarks.loadgen import Dataset, LengthDist, LoadSpec, Stage, run
 
+    if concurrency:
+        stage = Stage("closed", concurrency=concurrency, num_requests=streams)
+    else:
+        stage = Stage("burst", concurrency=None, request_rate=float("inf"), num_requests=streams)
     spec = LoadSpec(
         base_url=f"http://127.0.0.1:{port}",
         model=MODEL,
         scrape_metrics=False,
         dataset=Dataset(LengthDist("fixed", 256), LengthDist("fixed", tokens)),
-        stages=(Stage("burst", concurrency=None, request_rate=float("inf"), num_requests=streams),),
+        stages=(stage,),
     )
     result = run(spec).to_dict()
     return {
+        "mean_ttft_ms": result["mean_ttft_ms"],
+        "mean_itl_ms": result["mean_itl_ms"],
         "streams": streams,
         "completed": result["completed"],
         "elapsed_s": result["duration"],
@@ -76,7 +86,7 @@ def get_json(url: str) -> dict:
         return json.loads(response.read())
 
 
-def real_time(streams: int, tokens: int) -> None:
+def start_server() -> tuple[subprocess.Popen, str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -100,37 +110,41 @@ def real_time(streams: int, tokens: int) -> None:
         preexec_fn=raise_fd_limit,
     )
     base = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            urllib.request.urlopen(base + "/health", timeout=1)  # noqa: S310
+            break
+        except OSError:
+            time.sleep(0.05)
+    return server, base
+
+
+def run_client(base: str, streams: int, tokens: int, concurrency: int | None = None) -> dict:
+    """The load generator in its own process, as a real client would be."""
+    port = base.rsplit(":", 1)[1]
+    args = ["--port", port, "--streams", str(streams), "--tokens", str(tokens)]
+    if concurrency:
+        args += ["--concurrency", str(concurrency)]
+    out = subprocess.run(
+        [sys.executable, __file__, "client", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        preexec_fn=raise_fd_limit,
+    )
+    return json.loads(out.stdout)
+
+
+def real_time(streams: int, tokens: int) -> None:
+    server, base = start_server()
     try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(base + "/health", timeout=1)  # noqa: S310
-                break
-            except OSError:
-                time.sleep(0.05)
         idle = get_json(base + "/simulator/loop-lag?reset=1")
-        out = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "client",
-                "--port",
-                str(port),
-                "--streams",
-                str(streams),
-                "--tokens",
-                str(tokens),
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-            preexec_fn=raise_fd_limit,
-        )
+        result = run_client(base, streams, tokens)
         lag = get_json(base + "/simulator/loop-lag")
     finally:
         server.terminate()
         server.wait(10)
-    result = json.loads(out.stdout)
     print(
         f"real time: {result['completed']}/{streams} streams of {tokens} tokens in "
         f"{result['elapsed_s']:.1f} s, {result['output_tok_per_s']:.0f} output tok/s, "
@@ -160,23 +174,62 @@ def real_time(streams: int, tokens: int) -> None:
     )
 
 
+def pacing(tokens: int) -> None:
+    """Measured pace against the model's, for closed loops of growing concurrency."""
+    from hosts.simulator.predict import Workload, predict
+
+    print("pacing: real-time server (measured by the load generator) vs its model (predict)")
+    for concurrency, requests in ((1, 8), (8, 48), (64, 256)):
+        server, base = start_server()
+        try:
+            measured = run_client(base, requests, tokens, concurrency)
+        finally:
+            server.terminate()
+            server.wait(10)
+        expected = predict(
+            "vllm",
+            MODEL,
+            {"max_model_len": 8192},
+            "h100-sxm",
+            Workload(
+                num_requests=requests,
+                input_tokens=256,
+                output_tokens=tokens,
+                concurrency=concurrency,
+            ),
+        )
+        rows = (
+            ("ITL mean", measured["mean_itl_ms"], expected["itl_ms"]["mean"], "ms"),
+            ("TTFT mean", measured["mean_ttft_ms"], expected["ttft_ms"]["mean"], "ms"),
+            ("output", measured["output_tok_per_s"], expected["output_throughput"], "tok/s"),
+        )
+        parts = [
+            f"{name} {got:.2f} vs {want:.2f} {unit} ({(got / want - 1) * 100:+.1f} %)"
+            for name, got, want, unit in rows
+        ]
+        print(f"  concurrency {concurrency:>2}: " + "; ".join(parts))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "mode", nargs="?", default="all", choices=["all", "virtual", "real", "client"]
+        "mode", nargs="?", default="all", choices=["all", "virtual", "real", "pacing", "client"]
     )
+    parser.add_argument("--concurrency", type=int)
     parser.add_argument("--streams", type=int, default=1000)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--requests", type=int, default=10000)
     parser.add_argument("--port", type=int)
     args = parser.parse_args()
     if args.mode == "client":
-        print(json.dumps(client(args.port, args.streams, args.tokens)))
+        print(json.dumps(client(args.port, args.streams, args.tokens, args.concurrency)))
         return
     if args.mode in ("all", "virtual"):
         virtual(args.requests)
     if args.mode in ("all", "real"):
         real_time(args.streams, args.tokens)
+    if args.mode in ("all", "pacing"):
+        pacing(args.tokens)
 
 
 if __name__ == "__main__":
