@@ -6,6 +6,7 @@ from celery import shared_task
 
 from changes import notify
 from changes.models import ChangeRequest
+from changes.services import apply as change_apply
 from changes.services import pipeline
 from controlpanel import timelimits
 from controlpanel.jobs import run_job
@@ -33,4 +34,4 @@ def notify_change(change_pk: int, state: str) -> None:
 
 @shared_task(ignore_result=True, **timelimits.RESUME_LOST_PIPELINES.options())
 def resume_lost_pipelines() -> int:
-    return len(pipeline.resume_lost_pipelines())
+    return len(change_apply.resume_lost_pipelines())

@@ -11,7 +11,7 @@ import pytest
 from django.core.exceptions import PermissionDenied
 from django.utils import timezone
 
-from changes import rules
+from changes import rules, tasks
 from changes.models import ChangeRequest
 from changes.services import apply as change_apply
 from changes.services import pipeline, review, timeline
@@ -369,6 +369,13 @@ def test_beat_resumes_pipelines_that_stopped_stamping(
         with django_capture_on_commit_callbacks(execute=True):
             resumed = change_apply.resume_lost_pipelines()
     assert [c.pk for c in resumed] == [lost.pk]
+    assert task.call_args.args[0] == (lost.pk,)
+    # Beat reaches it through the task the schedule names (it once named a function that
+    # had moved, and every sweep raised AttributeError).
+    ChangeRequest.objects.filter(pk=lost.pk).update(pipeline_heartbeat_at=long_ago)
+    with mock.patch("changes.tasks.apply_change.apply_async") as task:
+        with django_capture_on_commit_callbacks(execute=True):
+            assert tasks.resume_lost_pipelines() == 1
     assert task.call_args.args[0] == (lost.pk,)
 
 
