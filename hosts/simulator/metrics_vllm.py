@@ -226,6 +226,8 @@ class VllmMetrics:
         Requests a client aborted never get here in vLLM either (the output processor drops
         them without stats); the core's own aborts have no vLLM counterpart."""
         if req.finish_reason == "abort" or req.first_token is None:
+            if req.parent_id is not None:
+                self._parents.pop(req.parent_id, None)  # its siblings are aborted with it
             return
         self.success[req.finish_reason].inc()
         self.e2e.observe(req.finished_at - req.arrival)

@@ -126,7 +126,11 @@ def _submit(runner, dialect, params, prompts, limits) -> list[Choice]:
     """One engine request per prompt × ``n`` (choice index = prompt × n + sample, as both
     engines number them), each with the client's ``n``."""
     choices = []
+    batch = uuid.uuid4().hex
     for prompt_idx, (ids, limit) in enumerate(zip(prompts, limits, strict=True)):
+        # vLLM fans each prompt out to n children of one parent request: the parent's
+        # histograms (request_params_n, max generation) observe once per prompt, not n times.
+        parent = f"{batch}-{prompt_idx}" if params.n > 1 else None
         for _ in range(params.n):
             req = runner.submit(
                 ids,
@@ -136,6 +140,8 @@ def _submit(runner, dialect, params, prompts, limits) -> list[Choice]:
                 priority=params.priority,
             )
             req.params_n = params.n
+            req.parent_id = parent
+            req.stream = params.stream
             key = zlib.crc32(f"{runner.seed}:{req.id}".encode())
             out = ChoiceText(
                 key, params.stop, params.include_stop_str, params.min_tokens, dialect.holds_stop

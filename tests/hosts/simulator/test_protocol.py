@@ -257,3 +257,66 @@ def test_gpu_telemetry_in_nvml_shape(server):
     assert gpu["name"] == "NVIDIA H100 80GB HBM3" and gpu["power_limit_w"] == 700
     assert 0 < gpu["memory_used_bytes"] <= gpu["memory_total_bytes"]
     assert gpu["numa_node"] == 0 and gpu["clocks_event_reasons"] & 0x1  # idle
+
+
+def _samples(server) -> dict[str, float]:
+    """Each sample's value summed over its labels (histogram buckets left out)."""
+    text = httpx.get(server.url + "/metrics").text
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if "le" not in s.labels:
+                sums[s.name] = sums.get(s.name, 0.0) + s.value
+    return sums
+
+
+def test_n_choices_observe_their_parent_once(sim_server):
+    """vLLM's request_params_n is observed once per prompt of the client's request (the
+    parent of its n children), not once per choice."""
+    server = sim_server("vllm", *VLLM_ARGS, "--time-scale", "0.2")
+    client(server).completions.create(
+        model=server.model,
+        prompt=["one", "two"],
+        n=3,
+        max_tokens=4,
+        extra_body={"ignore_eos": True},
+    )
+    samples = _samples(server)
+    assert samples["vllm:request_params_n_count"] == 2
+    assert samples["vllm:request_params_n_sum"] == 6
+    assert samples["vllm:request_success_total"] == 6
+
+
+def test_sglang_non_streamed_ttft_is_its_first_output_on_the_wire(sim_server):
+    """SGLang's scheduler sends a non-streamed request's output only every 50 tokens, so
+    its TTFT is late in the request: most of its end-to-end time, unlike a streamed one."""
+    server = sim_server("sglang", *SGLANG_ARGS, "--time-scale", "0.2")
+    c = client(server)
+    c.completions.create(
+        model=server.model, prompt="hi", max_tokens=60, extra_body={"ignore_eos": True}
+    )
+    samples = _samples(server)
+    ratio = (
+        samples["sglang:time_to_first_token_seconds_sum"]
+        / samples["sglang:e2e_request_latency_seconds_sum"]
+    )
+    assert ratio > 0.7, ratio  # the 50th of 60 tokens
+    list(
+        c.completions.create(
+            model=server.model,
+            prompt="hi",
+            max_tokens=60,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
+    after = _samples(server)
+    streamed_ttft = (
+        after["sglang:time_to_first_token_seconds_sum"]
+        - samples["sglang:time_to_first_token_seconds_sum"]
+    )
+    streamed_e2e = (
+        after["sglang:e2e_request_latency_seconds_sum"]
+        - samples["sglang:e2e_request_latency_seconds_sum"]
+    )
+    assert streamed_ttft / streamed_e2e < 0.3
