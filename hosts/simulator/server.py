@@ -179,7 +179,9 @@ class EngineApi:
         return JSONResponse({"gpus": self.runner.telemetry.sample()})
 
     async def loop_lag(self, request: HttpRequest) -> Response:
-        summary = self.runner.loop_lag.summary()
+        # clock_resets: stalls long enough that the engine's clock restarted (its pace fell
+        # behind the model's rather than catching up in a burst).
+        summary = {**self.runner.loop_lag.summary(), "clock_resets": self.runner.clock_resets}
         if request.query_params.get("reset"):
             self.runner.loop_lag.samples.clear()
         return JSONResponse(summary)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 
+import httpx
 import pytest
 
 from hosts.engines.catalog import GPUS
@@ -117,3 +118,38 @@ def test_abort_before_the_engine_saw_the_request():
     runner, req = asyncio.run(scenario())
     assert req.finish_reason == "abort" and req.num_output == 0
     assert not runner.core.has_work and runner.core.finished_requests == 1
+
+
+def test_a_stall_restarts_the_clock_instead_of_a_burst(monkeypatch):
+    """A loop stalled for longer than MAX_CATCH_UP_S (here: every sleep overruns by 0.1 s)
+    restarts the engine's clock: the next step starts at "now", so the tokens come at the
+    stalled pace rather than all at once, and the restarts are counted."""
+    real_sleep = asyncio.sleep
+
+    async def stall(delay, result=None):
+        return await real_sleep(delay + 0.1 if delay > 0 else delay, result)
+
+    monkeypatch.setattr(runner_module.asyncio, "sleep", stall)
+    tokens = 5
+
+    async def scenario():
+        runner = EngineRunner(config(), time_scale=SCALE)
+        await runner.start()
+        try:
+            req = runner.submit(list(range(3000, 3064)), tokens, ignore_eos=True, min_tokens=0)
+            await wait_done(req)
+        finally:
+            await runner.stop()
+        return runner, req
+
+    runner, req = asyncio.run(scenario())
+    first, last = virtual_timeline(64, tokens)
+    assert runner.clock_resets >= tokens - 1
+    # Each of the 4 gaps took at least the stall (0.1 s real = 1 s simulated at SCALE 0.1).
+    assert req.last_token - req.first_token > (last - first) + 4 * 0.1 / SCALE * 0.9
+
+
+def test_loop_lag_reports_clock_restarts(sim_server):
+    server = sim_server("vllm", "--max-model-len", "4096")
+    body = httpx.get(server.url + "/simulator/loop-lag").json()
+    assert body["clock_resets"] == 0 and "p99_ms" in body
