@@ -122,6 +122,9 @@ class AuditEntry(models.Model):
     before = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
     after = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
     remote_addr = models.GenericIPAddressField(null=True, blank=True)
+    # How the actor reached the panel when it was not a browser session: "token NAME" for a
+    # write through the API with one of their tokens.
+    via = models.CharField(max_length=160, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-pk"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime, time, timedelta
 
 from django.contrib.contenttypes.models import ContentType
@@ -64,6 +66,23 @@ def redact(value):
     return value
 
 
+# How the current request reached the panel ("token NAME" for an API token), written on every
+# audit entry made while it is set (``acting_via``). A context variable, not a thread-local:
+# it follows the request through asgiref's thread hops and is never left behind for the next
+# request a worker thread serves.
+_via: ContextVar[str] = ContextVar("audit_via", default="")
+
+
+@contextmanager
+def acting_via(how: str):
+    """Within this block, audit entries say the actor acted via ``how``."""
+    reset = _via.set(how)
+    try:
+        yield
+    finally:
+        _via.reset(reset)
+
+
 def audit(
     actor,
     action: str,
@@ -87,6 +106,7 @@ def audit(
         before=redact(before),
         after=redact(after),
         remote_addr=remote_addr,
+        via=_via.get(),
     )
 
 
@@ -103,6 +123,7 @@ AUDIT_EXPORT_COLUMNS = (
     "before",
     "after",
     "remote_addr",
+    "via",
 )
 AUDIT_EXPORT_LIMIT = 100_000  # the JSON export is built in memory
 AUDIT_VALUE_CHARS = 80
@@ -217,6 +238,7 @@ def audit_export_record(entry: AuditEntry) -> dict:
         "before": redact(entry.before),
         "after": redact(entry.after),
         "remote_addr": entry.remote_addr,
+        "via": entry.via,
     }
 
 

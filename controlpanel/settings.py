@@ -176,6 +176,9 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "channels",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's assets, served from here (no CDN)
     # Login throttling; before the panel's apps so its signal handlers have counted a failed
     # login when controlpanel.signals audits it.
     "axes",
@@ -185,6 +188,7 @@ INSTALLED_APPS = [
     "hosts",
     "benchmarks",
     "changes",
+    "api",
     "home",
 ]
 
@@ -295,6 +299,49 @@ AXES_LOCKOUT_CALLABLE = "controlpanel.accounts.lockout_response"
 # counters, and none of successful logins.
 AXES_DISABLE_ACCESS_LOG = True
 AXES_VERBOSE = False  # no banner at every manage.py command
+
+# --- The JSON API (api/, Django REST framework) --------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "api.auth.BearerTokenAuthentication",
+        # The pages' own scripts; DRF checks CSRF on its unsafe methods.
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["api.permissions.PanelPermission"],
+    "DEFAULT_PAGINATION_CLASS": "api.pagination.Pagination",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "api.errors.problem_handler",
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "LLM control panel API",
+    "DESCRIPTION": "Everything the pages do, for scripts and CI. Authenticate with "
+    "`Authorization: Bearer <token>` (make one on the API tokens page or with "
+    "`manage.py create_api_token`). Errors are problem details (RFC 9457).",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+# Bad tokens from one address before it gets 429 for the rest of the window (api.auth).
+API_TOKEN_FAILURE_LIMIT = 20
+API_TOKEN_FAILURE_WINDOW = 600  # seconds
+# The throttle's counters: shared by every process through Redis when there is one.
+CACHES = {
+    "default": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _env["REDIS_URL"]}
+        if _env["REDIS_URL"]
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    )
+}
 
 # --- Celery --------------------------------------------------------------------------------
 REDIS_URL = _env["REDIS_URL"]

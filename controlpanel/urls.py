@@ -40,5 +40,6 @@ urlpatterns = [
     path("hosts/", include("hosts.urls")),
     path("benchmarks/", include("benchmarks.urls")),
     path("changes/", include("changes.urls")),
+    path("api/", include("api.urls")),
     path("", include("home.urls")),
 ]

@@ -1,0 +1,1 @@
+"""The API's resources, one module per area; each exposes ``urlpatterns`` (api/urls.py)."""
