@@ -10,7 +10,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from api import pages
-from api.views import account
+from api.views import account, changes, fleet, runs
 
 app_name = "api"
 
@@ -18,6 +18,9 @@ app_name = "api"
 v1 = [
     path("me/", account.MeView.as_view(), name="me"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    *fleet.urlpatterns,
+    *runs.urlpatterns,
+    *changes.urlpatterns,
 ]
 
 urlpatterns = [

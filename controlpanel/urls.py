@@ -41,5 +41,6 @@ urlpatterns = [
     path("benchmarks/", include("benchmarks.urls")),
     path("changes/", include("changes.urls")),
     path("api/", include("api.urls")),
+    path("", include("api.metrics_urls")),  # /metrics
     path("", include("home.urls")),
 ]

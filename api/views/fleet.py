@@ -1,0 +1,3 @@
+"""API resources: fleet (filled in by the issue-16 work)."""
+
+urlpatterns: list = []

@@ -1,0 +1,3 @@
+"""API resources: runs (filled in by the issue-16 work)."""
+
+urlpatterns: list = []
