@@ -21,3 +21,17 @@ class TokenAuditMixin:
         self._via_stack = ExitStack()
         with self._via_stack:
             return super().dispatch(request, *args, **kwargs)
+
+
+class StrictSerializerMixin:
+    """Refuse fields the serializer does not know (a typo must not be silently dropped): 400
+    with the unknown field named, before anything is created."""
+
+    def to_internal_value(self, data):
+        from rest_framework import serializers
+
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        return super().to_internal_value(data)

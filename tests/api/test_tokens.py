@@ -164,3 +164,17 @@ def test_schema_needs_a_sign_in_and_docs_redirect_to_login(client, viewer, token
     client.force_login(viewer)
     page = client.get("/api/v1/docs/").content.decode()
     assert "swagger-ui" in page and "cdn" not in page.lower()
+
+
+def test_strict_serializers_name_unknown_fields():
+    from rest_framework import serializers
+
+    from api.base import StrictSerializerMixin
+
+    class Body(StrictSerializerMixin, serializers.Serializer):
+        label = serializers.CharField()
+
+    body = Body(data={"label": "x", "lable": "typo"})
+    assert not body.is_valid()
+    assert body.errors == {"lable": ["Unknown field."]}
+    assert Body(data={"label": "x"}).is_valid()
