@@ -1,3 +1,306 @@
-"""API resources: fleet (filled in by the issue-16 work)."""
+"""The fleet, read: hosts, deployments and their config history, load profiles, prices and the
+audit log. Each asks for the permission its page asks for and reads through the page's own
+helpers (the config history's diffs, the price list's rows, the audit log's filter form)."""
 
-urlpatterns: list = []
+from __future__ import annotations
+
+from django.db.models import Prefetch, TextField
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import mixins, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+from rest_framework.routers import SimpleRouter
+
+from api import serializers_fleet as s
+from api.base import TokenAuditMixin
+from benchmarks.models import LoadProfile, Price
+from benchmarks.services.prices import price_rows
+from changes.choices import ChangeKind
+from changes.models import ChangeRequest
+from changes.services.apply import lock_holder
+from changes.views import _with_diffs
+from controlpanel import services as audit_services
+from controlpanel.forms import AuditFilterForm
+from controlpanel.models import AuditEntry
+from hosts.choices import EngineKind, HostStatus, OperationKind
+from hosts.models import LABEL_KEY, Deployment, EngineConfig, EngineOperation, Gpu, Host
+
+
+def _param(name: str, description: str, enum=None) -> OpenApiParameter:
+    return OpenApiParameter(name, OpenApiTypes.STR, description=description, enum=enum)
+
+
+def _choice(request, name: str, choices) -> str | None:
+    """``?name=`` if given; a value outside ``choices`` is a 400 naming the parameter (a typo
+    must not read as "nothing matches")."""
+    value = request.query_params.get(name)
+    if value in (None, ""):
+        return None
+    if value not in choices:
+        raise ValidationError({name: [f"{value!r} is not one of: {', '.join(choices)}."]})
+    return value
+
+
+def _label_filter(queryset, terms: list[str]):
+    """``?label=key`` (has the label) or ``?label=key=value``; several are all required."""
+    for n, term in enumerate(terms):
+        key, eq, value = term.partition("=")
+        if not LABEL_KEY.match(key):
+            raise ValidationError({"label": [f"{key!r} is not a label key (key or key=value)."]})
+        if not eq:
+            queryset = queryset.filter(labels__has_key=key)
+            continue
+        # A transform, not ``labels__<key>``: a key such as "contains" must stay a key; cast
+        # so the comparison is of text (the JSON key lookups would parse the value as JSON).
+        alias = f"_label_{n}"
+        text = Cast(KeyTextTransform(key, "labels"), TextField())
+        queryset = queryset.alias(**{alias: text}).filter(**{alias: value})
+    return queryset
+
+
+class ReadViewSet(TokenAuditMixin, viewsets.ReadOnlyModelViewSet):
+    """List and detail, both under the page's view permission (``permission``)."""
+
+    permission = ""
+
+    @property
+    def permissions(self) -> dict:
+        return {"list": self.permission, "retrieve": self.permission}
+
+
+# --- hosts -------------------------------------------------------------------------------------
+@extend_schema_view(
+    list=extend_schema(
+        summary="Hosts",
+        parameters=[
+            _param("label", "key or key=value; repeat to require several"),
+            _param("status", "Host status", enum=HostStatus.values),
+            _param("gpu", "GPU model contains, e.g. H100"),
+            _param("q", "Name contains"),
+        ],
+    ),
+    retrieve=extend_schema(summary="A host with its GPUs, latest telemetry and deployments"),
+)
+class HostViewSet(ReadViewSet):
+    """The fleet's GPU servers. Credentials are never part of an answer."""
+
+    permission = "hosts.view_host"
+
+    def get_serializer_class(self):
+        return s.HostDetailSerializer if self.action == "retrieve" else s.HostSerializer
+
+    def get_queryset(self):
+        hosts = Host.objects.prefetch_related(
+            Prefetch("gpus", queryset=Gpu.objects.order_by("index")),
+            Prefetch("deployments", queryset=Deployment.objects.order_by("name")),
+        ).order_by("name")
+        if self.action != "list":
+            return hosts
+        query = self.request.query_params
+        hosts = _label_filter(hosts, query.getlist("label"))
+        status = _choice(self.request, "status", HostStatus.values)
+        if status:
+            hosts = hosts.filter(status=status)
+        if query.get("gpu"):
+            hosts = hosts.filter(gpus__name__icontains=query["gpu"]).distinct()
+        if query.get("q"):
+            hosts = hosts.filter(name__icontains=query["q"])
+        return hosts
+
+
+# --- deployments and their config history ------------------------------------------------------
+@extend_schema_view(
+    list=extend_schema(
+        summary="Deployments",
+        parameters=[
+            _param("name", "Deployment name (exact)"),
+            _param("host", "Host name (exact)"),
+            _param("engine", "Engine", enum=EngineKind.values),
+            _param("model", "Model (exact), e.g. meta-llama/Llama-3.1-8B-Instruct"),
+        ],
+    ),
+    retrieve=extend_schema(summary="A deployment with its active config and lock"),
+)
+class DeploymentViewSet(ReadViewSet):
+    """Engines on the hosts, each with the settings it runs now (secrets masked)."""
+
+    permission = "hosts.view_deployment"
+
+    @property
+    def permissions(self) -> dict:
+        # The config history is its own page, under its own permission.
+        return {**super().permissions, "configs": "hosts.view_engineconfig"}
+
+    def get_serializer_class(self):
+        if self.action == "configs":
+            return s.ConfigVersionSerializer
+        return s.DeploymentDetailSerializer if self.action == "retrieve" else s.DeploymentSerializer
+
+    def get_queryset(self):
+        deployments = Deployment.objects.select_related(
+            "host", "active_config__created_by"
+        ).prefetch_related(Prefetch("gpus", queryset=Gpu.objects.order_by("index")))
+        deployments = deployments.order_by("host__name", "name")
+        if self.action != "list":
+            return deployments
+        query = self.request.query_params
+        for param, field in (("name", "name"), ("host", "host__name"), ("model", "model")):
+            if query.get(param):
+                deployments = deployments.filter(**{field: query[param]})
+        engine = _choice(self.request, "engine", EngineKind.values)
+        if engine:
+            deployments = deployments.filter(engine=engine)
+        return deployments
+
+    def retrieve(self, request, *args, **kwargs):
+        deployment = self.get_object()
+        context = {**self.get_serializer_context(), "lock": lock_holder(deployment)}
+        return Response(s.DeploymentDetailSerializer(deployment, context=context).data)
+
+    @extend_schema(
+        summary="A deployment's config versions, newest first, each with its diff",
+        responses=s.ConfigVersionSerializer(many=True),
+    )
+    @action(detail=True, methods=["get"])
+    def configs(self, request, pk=None):
+        deployment = self.get_object()
+        configs = (
+            EngineConfig.objects.filter(deployment=deployment)
+            .select_related("created_by")
+            .order_by("-version")
+        )
+        page = self.paginate_queryset(configs)
+        rows = _with_diffs(page)
+        _add_history_facts(deployment, rows)
+        return self.get_paginated_response(s.ConfigVersionSerializer(rows, many=True).data)
+
+
+def _add_history_facts(deployment: Deployment, rows: list[dict]) -> None:
+    """What the config history page says of each version (running, the change that made it),
+    and how its latest apply ended: two queries for the whole page."""
+    configs = [row["config"] for row in rows]
+    made_by = {
+        config_id: (pk, state)
+        for config_id, pk, state in ChangeRequest.objects.filter(
+            applied_config__in=configs, kind=ChangeKind.SETTINGS
+        ).values_list("applied_config_id", "pk", "state")
+    }
+    outcomes = {}
+    applies = EngineOperation.objects.filter(config__in=configs, kind=OperationKind.APPLY)
+    for config_id, outcome in (
+        applies.exclude(outcome="").order_by("created_at", "pk").values_list("config_id", "outcome")
+    ):
+        outcomes[config_id] = outcome  # the newest wins
+    for row in rows:
+        config = row["config"]
+        change, state = made_by.get(config.pk, (None, None))
+        row.update(
+            running=config.pk == deployment.active_config_id,
+            change=change,
+            change_state=state,
+            outcome=outcomes.get(config.pk),
+            diff_from_version=config.version - 1 if config.version > 1 else None,
+        )
+
+
+# --- load profiles and prices ------------------------------------------------------------------
+@extend_schema_view(
+    list=extend_schema(
+        summary="Load profiles, newest version first within a name",
+        parameters=[_param("name", "Profile name (exact)")],
+    ),
+    retrieve=extend_schema(summary="One load profile version"),
+)
+class ProfileViewSet(ReadViewSet):
+    permission = "benchmarks.view_loadprofile"
+    serializer_class = s.ProfileSerializer
+
+    def get_queryset(self):
+        profiles = LoadProfile.objects.select_related("created_by").order_by("name", "-version")
+        name = self.request.query_params.get("name")
+        if self.action == "list" and name:
+            profiles = profiles.filter(name=name)
+        return profiles
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Prices (the cost page's price list)"),
+    retrieve=extend_schema(summary="One price"),
+)
+class PriceViewSet(ReadViewSet):
+    permission = "benchmarks.view_price"
+    serializer_class = s.PriceSerializer
+
+    def get_queryset(self):
+        return Price.objects.prefetch_related(
+            Prefetch("hosts", queryset=Host.objects.order_by("name"))
+        )
+
+    def list(self, request, *args, **kwargs):
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(s.PriceSerializer(price_rows(page), many=True).data)
+
+    def retrieve(self, request, *args, **kwargs):
+        return Response(s.PriceSerializer(price_rows([self.get_object()])[0]).data)
+
+
+# --- the audit log -----------------------------------------------------------------------------
+def _audit_record(entry: AuditEntry) -> dict:
+    record = audit_services.audit_export_record(entry)
+    record["created_at"] = entry.created_at
+    record["changes"] = audit_services.audit_changes(entry)
+    return record
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="The audit log, newest first",
+        parameters=[
+            _param("action", "Action starts with, e.g. host."),
+            _param("actor", 'Username, or "system"'),
+            _param("object_type", '"app_label.model", e.g. hosts.host'),
+            _param("object_id", "Object id (with object_type)"),
+            _param("q", "Object contains"),
+            OpenApiParameter("date_from", OpenApiTypes.DATE, description="From (inclusive)"),
+            OpenApiParameter("date_to", OpenApiTypes.DATE, description="To (inclusive)"),
+        ],
+    ),
+    retrieve=extend_schema(summary="One audit entry"),
+)
+class AuditViewSet(
+    TokenAuditMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
+    """The audit log, filtered by the page's own form (a bad filter is a 400, never an
+    unfiltered log that could pass for the filtered one)."""
+
+    permissions = {
+        "list": "controlpanel.view_auditentry",
+        "retrieve": "controlpanel.view_auditentry",
+    }
+    serializer_class = s.AuditEntrySerializer
+    queryset = AuditEntry.objects.select_related("content_type")
+
+    def list(self, request, *args, **kwargs):
+        form = AuditFilterForm(request.query_params)
+        if not form.is_valid():
+            raise ValidationError({k: [str(m) for m in v] for k, v in form.errors.items()})
+        page = self.paginate_queryset(audit_services.audit_entries(form.cleaned_data))
+        data = s.AuditEntrySerializer([_audit_record(e) for e in page], many=True).data
+        return self.get_paginated_response(data)
+
+    def retrieve(self, request, *args, **kwargs):
+        return Response(s.AuditEntrySerializer(_audit_record(self.get_object())).data)
+
+
+router = SimpleRouter()
+router.register("hosts", HostViewSet, basename="host")
+router.register("deployments", DeploymentViewSet, basename="deployment")
+router.register("profiles", ProfileViewSet, basename="profile")
+router.register("prices", PriceViewSet, basename="price")
+router.register("audit", AuditViewSet, basename="audit")
+
+urlpatterns = router.urls
