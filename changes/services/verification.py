@@ -127,20 +127,36 @@ def conditions(run: BenchmarkRun | None) -> dict:
 
 
 def judge(change: ChangeRequest) -> dict:
-    """The verdict on ``change``: its verification against its baseline, numbers and
-    conditions, under its thresholds (``verdict.verdict``)."""
-    baseline, run = change.baseline_run, change.verification_run
-    engine = change.deployment.engine
-    return verdict.verdict(
-        numbers(baseline),
-        numbers(run),
+    """The verdict on ``change``: its verification against its baseline, under its
+    thresholds, the change's flags saying whether a moved prefix-cache hit rate is its effect."""
+    return judge_runs(
+        change.baseline_run,
+        change.verification_run,
         verdict.Thresholds(
             change.max_error_rate_increase,
             change.max_ttft_p95_regression,
             change.max_itl_p95_regression,
         ),
+        cache_changed=verdict.alters_cache(change.deployment.engine, _changed_flags(change)),
+    )
+
+
+def judge_runs(
+    baseline: BenchmarkRun | None,
+    run: BenchmarkRun | None,
+    thresholds: verdict.Thresholds,
+    *,
+    cache_changed: bool = False,
+) -> dict:
+    """The verdict on ``run`` against ``baseline`` (``verdict.verdict``): their numbers, the
+    conditions each measured under and the TTFT p95 noise bands of their request logs. One
+    rule for a change's verification and for any two runs (the API's verdict, the CI gate)."""
+    return verdict.verdict(
+        numbers(baseline),
+        numbers(run),
+        thresholds,
         (conditions(baseline), conditions(run)),
-        cache_changed=verdict.alters_cache(engine, _changed_flags(change)),
+        cache_changed=cache_changed,
         noise={"ttft_p95_ms": (ttft_p95_band(baseline), ttft_p95_band(run))},
     )
 
