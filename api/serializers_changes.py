@@ -1,0 +1,400 @@
+"""Shapes of the changes API: what a change looks like in the list and on its own, and the
+bodies of a proposal and of each action.
+
+Thresholds are in the page's units both ways (percentage points for the error rate, percent
+for the latencies), so what a script sends is what it reads back."""
+
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from api.base import StrictSerializerMixin
+from changes.choices import Decision
+from changes.models import ChangeRequest
+from hosts.engines.redaction import masked
+from hosts.models import Deployment
+
+# The page's form keeps thresholds in percent; the row keeps fractions.
+THRESHOLDS = ("max_error_rate_increase", "max_ttft_p95_regression", "max_itl_p95_regression")
+
+
+# --- what is read --------------------------------------------------------------------------
+class DeploymentRefSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    host_name = serializers.CharField(source="host.name")
+
+
+class ConfigRefSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    version = serializers.IntegerField()
+
+
+class ProfileRefSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    version = serializers.IntegerField()
+
+
+class ChangeItemSerializer(serializers.ModelSerializer):
+    """A change in the list: what it is, where, who proposed it, where it stands."""
+
+    state_label = serializers.CharField(source="get_state_display")
+    deployment = DeploymentRefSerializer()
+    proposed_by = serializers.SerializerMethodField()
+    approved_by = serializers.SerializerMethodField()
+    approvals_count = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ChangeRequest
+        fields = [
+            "id",
+            "title",
+            "state",
+            "state_label",
+            "kind",
+            "deployment",
+            "proposed_by",
+            "created_at",
+            "submitted_at",
+            "decided_at",
+            "approved_by",
+            "approvals_count",
+            "required_approvals",
+            "stage",
+            "finished_at",
+        ]
+
+    def _current(self, change: ChangeRequest) -> list:
+        # Decisions of this round only (those made against the current base), as the page
+        # counts them; ``approvals`` is prefetched by the views.
+        return [a for a in change.approvals.all() if a.base_config_id == change.base_config_id]
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_proposed_by(self, change: ChangeRequest) -> str | None:
+        return change.proposed_by.get_username() if change.proposed_by else None
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_approved_by(self, change: ChangeRequest) -> list[str]:
+        return [a.reviewer_name for a in self._current(change) if a.decision == Decision.APPROVE]
+
+    @extend_schema_field(serializers.IntegerField())
+    def get_approvals_count(self, change: ChangeRequest) -> int:
+        return len(self.get_approved_by(change))
+
+
+class DiffRowSerializer(serializers.Serializer):
+    flag = serializers.CharField(help_text="A settings flag (dest), env.NAME or placement.KEY.")
+    running = serializers.JSONField(allow_null=True, help_text="null: not set. Secrets masked.")
+    proposed = serializers.JSONField(allow_null=True, help_text="null: not set. Secrets masked.")
+
+
+class WarningSerializer(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField()
+
+
+class ReviewSerializer(serializers.Serializer):
+    reviewer = serializers.CharField(source="reviewer_name")
+    decision = serializers.CharField()
+    comment = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    counts = serializers.BooleanField(
+        help_text="Made against the change's current base (false: an earlier round, before "
+        "a rebase)."
+    )
+
+
+class CommentSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    at = serializers.DateTimeField()
+    who = serializers.CharField()
+    text = serializers.CharField()
+
+
+class TimelineItemSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    at = serializers.DateTimeField()
+    who = serializers.CharField()
+    action = serializers.CharField(
+        help_text="propose, transition, approve, reject, comment, rebase, apply, stage, …"
+    )
+    title = serializers.CharField()
+    message = serializers.CharField(allow_blank=True)
+    stage = serializers.CharField(allow_null=True, help_text="Stage entries: the stage.")
+    status = serializers.CharField(
+        allow_null=True, help_text="Stage entries: started, succeeded, failed, skipped, …"
+    )
+    state = serializers.CharField(allow_null=True, help_text="Transitions: the new state.")
+    detail = serializers.CharField(allow_null=True)
+    link = serializers.CharField(allow_null=True)
+
+
+class CheckSerializer(serializers.Serializer):
+    metric = serializers.CharField()
+    label = serializers.CharField()
+    baseline = serializers.FloatField(allow_null=True)
+    after = serializers.FloatField(allow_null=True)
+    change = serializers.FloatField(allow_null=True, required=False)
+    limit = serializers.CharField()
+    ok = serializers.BooleanField(allow_null=True, help_text="null: not judged (see note).")
+    note = serializers.CharField(required=False)
+
+
+class VerdictSerializer(serializers.Serializer):
+    outcome = serializers.CharField(help_text="verified, regressed or inconclusive")
+    regressed = serializers.BooleanField()
+    reason = serializers.CharField(allow_blank=True)
+    checks = CheckSerializer(many=True)
+    throughput_change = serializers.FloatField(allow_null=True)
+    conditions = serializers.ListField(child=serializers.DictField())
+    notes = serializers.ListField(child=serializers.CharField())
+
+
+class LockSerializer(serializers.Serializer):
+    change_id = serializers.IntegerField(help_text="The change holding the deployment's lock.")
+    state = serializers.CharField()
+
+
+class ChangeDetailSerializer(ChangeItemSerializer):
+    """Everything the change's page shows. Built by ``api.views.changes`` with the parts that
+    take queries of their own (timeline, lock, the caller's actions) in the context."""
+
+    verify_profile = ProfileRefSerializer(allow_null=True)
+    baseline_run_id = serializers.IntegerField(allow_null=True)
+    verification_run_id = serializers.IntegerField(allow_null=True)
+    base_config = ConfigRefSerializer(allow_null=True)
+    target_config = ConfigRefSerializer(allow_null=True)
+    snapshot_config = ConfigRefSerializer(allow_null=True)
+    applied_config = ConfigRefSerializer(allow_null=True)
+    applied_by = serializers.SerializerMethodField()
+    settings = serializers.SerializerMethodField()
+    diff = serializers.SerializerMethodField()
+    stale = serializers.SerializerMethodField()
+    warnings = WarningSerializer(many=True)
+    prediction = serializers.JSONField(
+        help_text="The simulator's before → after under the verify profile ({} without one; "
+        '{"available": false, "reason"} when it cannot model it).'
+    )
+    reviews = serializers.SerializerMethodField()
+    comments = serializers.SerializerMethodField()
+    timeline = serializers.SerializerMethodField()
+    verdict = serializers.SerializerMethodField()
+    lock = serializers.SerializerMethodField()
+    pipeline_alive = serializers.SerializerMethodField()
+    actions = serializers.SerializerMethodField()
+    max_error_rate_increase = serializers.SerializerMethodField()
+    max_ttft_p95_regression = serializers.SerializerMethodField()
+    max_itl_p95_regression = serializers.SerializerMethodField()
+
+    class Meta(ChangeItemSerializer.Meta):
+        fields = ChangeItemSerializer.Meta.fields + [
+            "rationale",
+            "outcome",
+            "apply_started_at",
+            "applied_by",
+            "rollback_requested",
+            "window_start",
+            "window_end",
+            "verify_profile",
+            "baseline_run_id",
+            "verification_run_id",
+            *THRESHOLDS,
+            "base_config",
+            "target_config",
+            "snapshot_config",
+            "applied_config",
+            "settings",
+            "diff",
+            "stale",
+            "warnings",
+            "prediction",
+            "reviews",
+            "comments",
+            "timeline",
+            "verdict",
+            "lock",
+            "pipeline_alive",
+            "actions",
+        ]
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_applied_by(self, change: ChangeRequest) -> str | None:
+        return change.applied_by.get_username() if change.applied_by else None
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_settings(self, change: ChangeRequest) -> dict:
+        """The proposed engine settings, secrets masked."""
+        return masked(change.settings)
+
+    @extend_schema_field(DiffRowSerializer(many=True))
+    def get_diff(self, change: ChangeRequest) -> list[dict]:
+        shown = self.context["diff"]
+        return [{"flag": k, "running": old, "proposed": new} for k, (old, new) in shown.items()]
+
+    @extend_schema_field(
+        serializers.BooleanField(
+            help_text="The deployment runs another config than the one this change was "
+            "proposed against: rebase it."
+        )
+    )
+    def get_stale(self, change: ChangeRequest) -> bool:
+        return change.is_stale()
+
+    @extend_schema_field(ReviewSerializer(many=True))
+    def get_reviews(self, change: ChangeRequest) -> list:
+        rows = [
+            {
+                "reviewer_name": a.reviewer_name,
+                "decision": a.decision,
+                "comment": a.comment,
+                "created_at": a.created_at,
+                "counts": a.base_config_id == change.base_config_id,
+            }
+            for a in change.approvals.all()
+        ]
+        return ReviewSerializer(rows, many=True).data
+
+    @extend_schema_field(CommentSerializer(many=True))
+    def get_comments(self, change: ChangeRequest) -> list:
+        rows = [
+            {"id": i["id"], "at": i["at"], "who": i["who"], "text": i["message"]}
+            for i in self.context["timeline"]
+            if i["action"] == "comment"
+        ]
+        return CommentSerializer(rows, many=True).data
+
+    @extend_schema_field(TimelineItemSerializer(many=True))
+    def get_timeline(self, change: ChangeRequest) -> list:
+        rows = []
+        for item in self.context["timeline"]:
+            after = item.get("after") or {}
+            rows.append(
+                {
+                    **item,
+                    "message": item.get("message") or "",
+                    "stage": after.get("stage") if item["action"] == "stage" else None,
+                    "status": after.get("status") if item["action"] == "stage" else None,
+                    "state": after.get("state") if item["action"] == "transition" else None,
+                    "detail": item.get("detail") or None,
+                    "link": item.get("link") or None,
+                }
+            )
+        return TimelineItemSerializer(rows, many=True).data
+
+    @extend_schema_field(VerdictSerializer(allow_null=True))
+    def get_verdict(self, change: ChangeRequest) -> dict | None:
+        result = change.comparison
+        if not result:
+            return None
+        regressed = bool(result.get("regressed"))
+        return {
+            # Verdicts recorded before "outcome" existed said only regressed or not.
+            "outcome": result.get("outcome") or ("regressed" if regressed else "verified"),
+            "regressed": regressed,
+            "reason": result.get("reason") or "",
+            "checks": result.get("checks") or [],
+            "throughput_change": result.get("throughput_change"),
+            "conditions": result.get("conditions") or [],
+            "notes": result.get("notes") or [],
+        }
+
+    @extend_schema_field(LockSerializer(allow_null=True))
+    def get_lock(self, change: ChangeRequest) -> dict | None:
+        holder = self.context["lock"]
+        return {"change_id": holder.pk, "state": holder.state} if holder else None
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_pipeline_alive(self, change: ChangeRequest) -> bool:
+        return change.pipeline_alive()
+
+    @extend_schema_field(
+        serializers.ListField(
+            child=serializers.CharField(),
+            help_text="What the caller may do now (the page's buttons): submit, approve, "
+            "reject, withdraw, comment, rebase, apply, rollback, resume.",
+        )
+    )
+    def get_actions(self, change: ChangeRequest) -> list[str]:
+        return sorted(self.context["actions"])
+
+    @extend_schema_field(serializers.FloatField(help_text="Percentage points."))
+    def get_max_error_rate_increase(self, change: ChangeRequest) -> float:
+        return round(change.max_error_rate_increase * 100, 6)
+
+    @extend_schema_field(serializers.FloatField(help_text="Percent."))
+    def get_max_ttft_p95_regression(self, change: ChangeRequest) -> float:
+        return round(change.max_ttft_p95_regression * 100, 6)
+
+    @extend_schema_field(serializers.FloatField(help_text="Percent."))
+    def get_max_itl_p95_regression(self, change: ChangeRequest) -> float:
+        return round(change.max_itl_p95_regression * 100, 6)
+
+
+# --- what is sent ----------------------------------------------------------------------------
+class ProposeSerializer(StrictSerializerMixin, serializers.Serializer):
+    """A new change, as the page's "new change" form takes it. The values are checked again by
+    that very form (``changes.forms.ProposeForm``) and by the service, so the rules are the
+    page's."""
+
+    deployment = serializers.PrimaryKeyRelatedField(
+        queryset=Deployment.objects.select_related("host", "active_config")
+    )
+    title = serializers.CharField(max_length=120)
+    rationale = serializers.CharField()
+    settings = serializers.DictField(
+        child=serializers.JSONField(allow_null=True),
+        allow_empty=True,
+        help_text="Flags (by dest, e.g. max_num_seqs) to set on top of the running config, "
+        "as the page's form starts from the running values: a flag left out keeps its "
+        "running value (a secret too), null unsets it. Several values: a list.",
+    )
+    verify_profile = serializers.IntegerField(
+        required=False, allow_null=True, help_text="A load profile's id, or null: none."
+    )
+    baseline_run = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        help_text="A successful run of this deployment on its running config, or null: "
+        "measure a fresh baseline when applying.",
+    )
+    max_error_rate_increase = serializers.FloatField(
+        required=False, help_text="Percentage points (default 1)."
+    )
+    max_ttft_p95_regression = serializers.FloatField(
+        required=False, help_text="Percent (default 20)."
+    )
+    max_itl_p95_regression = serializers.FloatField(
+        required=False, help_text="Percent (default 20)."
+    )
+    window_start = serializers.DateTimeField(required=False, allow_null=True)
+    window_end = serializers.DateTimeField(required=False, allow_null=True)
+    submit = serializers.BooleanField(
+        default=True, help_text="true: pending review (the page's Submit); false: a draft."
+    )
+
+
+class CommentBodySerializer(StrictSerializerMixin, serializers.Serializer):
+    comment = serializers.CharField(
+        required=False, allow_blank=True, max_length=5000, trim_whitespace=True
+    )
+
+
+class RequiredCommentSerializer(StrictSerializerMixin, serializers.Serializer):
+    comment = serializers.CharField(max_length=5000, trim_whitespace=True)
+
+
+class ReasonBodySerializer(StrictSerializerMixin, serializers.Serializer):
+    reason = serializers.CharField(
+        required=False, allow_blank=True, max_length=5000, trim_whitespace=True
+    )
+
+
+class RequiredReasonSerializer(StrictSerializerMixin, serializers.Serializer):
+    reason = serializers.CharField(max_length=5000, trim_whitespace=True)
+
+
+class EmptyBodySerializer(StrictSerializerMixin, serializers.Serializer):
+    """No fields: anything sent is refused as unknown."""
