@@ -9,9 +9,9 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
-from rest_framework import mixins, viewsets
+from rest_framework import viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import MethodNotAllowed, ValidationError
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
@@ -70,6 +70,14 @@ class ReadViewSet(TokenAuditMixin, viewsets.ReadOnlyModelViewSet):
     @property
     def permissions(self) -> dict:
         return {"list": self.permission, "retrieve": self.permission}
+
+    def check_permissions(self, request):
+        # A write to a read-only resource is 405 for anyone signed in (there is no such
+        # action to allow); the permission map still refuses everything else it does not name.
+        signed_in = request.user and request.user.is_authenticated
+        if signed_in and self.action is None and request.method != "OPTIONS":
+            raise MethodNotAllowed(request.method)
+        super().check_permissions(request)
 
 
 # --- hosts -------------------------------------------------------------------------------------
@@ -271,16 +279,11 @@ def _audit_record(entry: AuditEntry) -> dict:
     ),
     retrieve=extend_schema(summary="One audit entry"),
 )
-class AuditViewSet(
-    TokenAuditMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
-):
+class AuditViewSet(ReadViewSet):
     """The audit log, filtered by the page's own form (a bad filter is a 400, never an
     unfiltered log that could pass for the filtered one)."""
 
-    permissions = {
-        "list": "controlpanel.view_auditentry",
-        "retrieve": "controlpanel.view_auditentry",
-    }
+    permission = "controlpanel.view_auditentry"
     serializer_class = s.AuditEntrySerializer
     queryset = AuditEntry.objects.select_related("content_type")
 
