@@ -21,18 +21,18 @@ THRESHOLDS = ("max_error_rate_increase", "max_ttft_p95_regression", "max_itl_p95
 
 
 # --- what is read --------------------------------------------------------------------------
-class DeploymentRefSerializer(serializers.Serializer):
+class ChangeDeploymentRefSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     name = serializers.CharField()
     host_name = serializers.CharField(source="host.name")
 
 
-class ConfigRefSerializer(serializers.Serializer):
+class ChangeConfigRefSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     version = serializers.IntegerField()
 
 
-class ProfileRefSerializer(serializers.Serializer):
+class ChangeProfileRefSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     name = serializers.CharField()
     version = serializers.IntegerField()
@@ -42,7 +42,7 @@ class ChangeItemSerializer(serializers.ModelSerializer):
     """A change in the list: what it is, where, who proposed it, where it stands."""
 
     state_label = serializers.CharField(source="get_state_display")
-    deployment = DeploymentRefSerializer()
+    deployment = ChangeDeploymentRefSerializer()
     proposed_by = serializers.SerializerMethodField()
     approved_by = serializers.SerializerMethodField()
     approvals_count = serializers.SerializerMethodField()
@@ -85,18 +85,18 @@ class ChangeItemSerializer(serializers.ModelSerializer):
         return len(self.get_approved_by(change))
 
 
-class DiffRowSerializer(serializers.Serializer):
+class ChangeDiffRowSerializer(serializers.Serializer):
     flag = serializers.CharField(help_text="A settings flag (dest), env.NAME or placement.KEY.")
     running = serializers.JSONField(allow_null=True, help_text="null: not set. Secrets masked.")
     proposed = serializers.JSONField(allow_null=True, help_text="null: not set. Secrets masked.")
 
 
-class WarningSerializer(serializers.Serializer):
+class ChangeWarningSerializer(serializers.Serializer):
     code = serializers.CharField()
     message = serializers.CharField()
 
 
-class ReviewSerializer(serializers.Serializer):
+class ChangeReviewSerializer(serializers.Serializer):
     reviewer = serializers.CharField(source="reviewer_name")
     decision = serializers.CharField()
     comment = serializers.CharField()
@@ -107,14 +107,14 @@ class ReviewSerializer(serializers.Serializer):
     )
 
 
-class CommentSerializer(serializers.Serializer):
+class ChangeCommentSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     at = serializers.DateTimeField()
     who = serializers.CharField()
     text = serializers.CharField()
 
 
-class TimelineItemSerializer(serializers.Serializer):
+class ChangeTimelineItemSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     at = serializers.DateTimeField()
     who = serializers.CharField()
@@ -132,7 +132,7 @@ class TimelineItemSerializer(serializers.Serializer):
     link = serializers.CharField(allow_null=True)
 
 
-class CheckSerializer(serializers.Serializer):
+class ChangeCheckSerializer(serializers.Serializer):
     metric = serializers.CharField()
     label = serializers.CharField()
     baseline = serializers.FloatField(allow_null=True)
@@ -143,17 +143,17 @@ class CheckSerializer(serializers.Serializer):
     note = serializers.CharField(required=False)
 
 
-class VerdictSerializer(serializers.Serializer):
+class ChangeVerdictSerializer(serializers.Serializer):
     outcome = serializers.CharField(help_text="verified, regressed or inconclusive")
     regressed = serializers.BooleanField()
     reason = serializers.CharField(allow_blank=True)
-    checks = CheckSerializer(many=True)
+    checks = ChangeCheckSerializer(many=True)
     throughput_change = serializers.FloatField(allow_null=True)
     conditions = serializers.ListField(child=serializers.DictField())
     notes = serializers.ListField(child=serializers.CharField())
 
 
-class LockSerializer(serializers.Serializer):
+class ChangeLockSerializer(serializers.Serializer):
     change_id = serializers.IntegerField(help_text="The change holding the deployment's lock.")
     state = serializers.CharField()
 
@@ -162,18 +162,18 @@ class ChangeDetailSerializer(ChangeItemSerializer):
     """Everything the change's page shows. Built by ``api.views.changes`` with the parts that
     take queries of their own (timeline, lock, the caller's actions) in the context."""
 
-    verify_profile = ProfileRefSerializer(allow_null=True)
+    verify_profile = ChangeProfileRefSerializer(allow_null=True)
     baseline_run_id = serializers.IntegerField(allow_null=True)
     verification_run_id = serializers.IntegerField(allow_null=True)
-    base_config = ConfigRefSerializer(allow_null=True)
-    target_config = ConfigRefSerializer(allow_null=True)
-    snapshot_config = ConfigRefSerializer(allow_null=True)
-    applied_config = ConfigRefSerializer(allow_null=True)
+    base_config = ChangeConfigRefSerializer(allow_null=True)
+    target_config = ChangeConfigRefSerializer(allow_null=True)
+    snapshot_config = ChangeConfigRefSerializer(allow_null=True)
+    applied_config = ChangeConfigRefSerializer(allow_null=True)
     applied_by = serializers.SerializerMethodField()
     settings = serializers.SerializerMethodField()
     diff = serializers.SerializerMethodField()
     stale = serializers.SerializerMethodField()
-    warnings = WarningSerializer(many=True)
+    warnings = ChangeWarningSerializer(many=True)
     prediction = serializers.JSONField(
         help_text="The simulator's before → after under the verify profile ({} without one; "
         '{"available": false, "reason"} when it cannot model it).'
@@ -229,7 +229,7 @@ class ChangeDetailSerializer(ChangeItemSerializer):
         """The proposed engine settings, secrets masked."""
         return masked(change.settings)
 
-    @extend_schema_field(DiffRowSerializer(many=True))
+    @extend_schema_field(ChangeDiffRowSerializer(many=True))
     def get_diff(self, change: ChangeRequest) -> list[dict]:
         shown = self.context["diff"]
         return [{"flag": k, "running": old, "proposed": new} for k, (old, new) in shown.items()]
@@ -243,7 +243,7 @@ class ChangeDetailSerializer(ChangeItemSerializer):
     def get_stale(self, change: ChangeRequest) -> bool:
         return change.is_stale()
 
-    @extend_schema_field(ReviewSerializer(many=True))
+    @extend_schema_field(ChangeReviewSerializer(many=True))
     def get_reviews(self, change: ChangeRequest) -> list:
         rows = [
             {
@@ -255,18 +255,18 @@ class ChangeDetailSerializer(ChangeItemSerializer):
             }
             for a in change.approvals.all()
         ]
-        return ReviewSerializer(rows, many=True).data
+        return ChangeReviewSerializer(rows, many=True).data
 
-    @extend_schema_field(CommentSerializer(many=True))
+    @extend_schema_field(ChangeCommentSerializer(many=True))
     def get_comments(self, change: ChangeRequest) -> list:
         rows = [
             {"id": i["id"], "at": i["at"], "who": i["who"], "text": i["message"]}
             for i in self.context["timeline"]
             if i["action"] == "comment"
         ]
-        return CommentSerializer(rows, many=True).data
+        return ChangeCommentSerializer(rows, many=True).data
 
-    @extend_schema_field(TimelineItemSerializer(many=True))
+    @extend_schema_field(ChangeTimelineItemSerializer(many=True))
     def get_timeline(self, change: ChangeRequest) -> list:
         rows = []
         for item in self.context["timeline"]:
@@ -282,9 +282,9 @@ class ChangeDetailSerializer(ChangeItemSerializer):
                     "link": item.get("link") or None,
                 }
             )
-        return TimelineItemSerializer(rows, many=True).data
+        return ChangeTimelineItemSerializer(rows, many=True).data
 
-    @extend_schema_field(VerdictSerializer(allow_null=True))
+    @extend_schema_field(ChangeVerdictSerializer(allow_null=True))
     def get_verdict(self, change: ChangeRequest) -> dict | None:
         result = change.comparison
         if not result:
@@ -301,7 +301,7 @@ class ChangeDetailSerializer(ChangeItemSerializer):
             "notes": result.get("notes") or [],
         }
 
-    @extend_schema_field(LockSerializer(allow_null=True))
+    @extend_schema_field(ChangeLockSerializer(allow_null=True))
     def get_lock(self, change: ChangeRequest) -> dict | None:
         holder = self.context["lock"]
         return {"change_id": holder.pk, "state": holder.state} if holder else None
@@ -334,7 +334,7 @@ class ChangeDetailSerializer(ChangeItemSerializer):
 
 
 # --- what is sent ----------------------------------------------------------------------------
-class ProposeSerializer(StrictSerializerMixin, serializers.Serializer):
+class ChangeProposeSerializer(StrictSerializerMixin, serializers.Serializer):
     """A new change, as the page's "new change" form takes it. The values are checked again by
     that very form (``changes.forms.ProposeForm``) and by the service, so the rules are the
     page's."""
@@ -376,25 +376,25 @@ class ProposeSerializer(StrictSerializerMixin, serializers.Serializer):
     )
 
 
-class CommentBodySerializer(StrictSerializerMixin, serializers.Serializer):
+class ChangeCommentBodySerializer(StrictSerializerMixin, serializers.Serializer):
     comment = serializers.CharField(
         required=False, allow_blank=True, max_length=5000, trim_whitespace=True
     )
 
 
-class RequiredCommentSerializer(StrictSerializerMixin, serializers.Serializer):
+class ChangeRequiredCommentSerializer(StrictSerializerMixin, serializers.Serializer):
     comment = serializers.CharField(max_length=5000, trim_whitespace=True)
 
 
-class ReasonBodySerializer(StrictSerializerMixin, serializers.Serializer):
+class ChangeReasonBodySerializer(StrictSerializerMixin, serializers.Serializer):
     reason = serializers.CharField(
         required=False, allow_blank=True, max_length=5000, trim_whitespace=True
     )
 
 
-class RequiredReasonSerializer(StrictSerializerMixin, serializers.Serializer):
+class ChangeRequiredReasonSerializer(StrictSerializerMixin, serializers.Serializer):
     reason = serializers.CharField(max_length=5000, trim_whitespace=True)
 
 
-class EmptyBodySerializer(StrictSerializerMixin, serializers.Serializer):
+class ChangeEmptyBodySerializer(StrictSerializerMixin, serializers.Serializer):
     """No fields: anything sent is refused as unknown."""

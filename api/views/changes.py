@@ -23,14 +23,14 @@ from rest_framework.routers import SimpleRouter
 from api.base import TokenAuditMixin
 from api.errors import Conflict
 from api.serializers_changes import (
+    ChangeCommentBodySerializer,
     ChangeDetailSerializer,
+    ChangeEmptyBodySerializer,
     ChangeItemSerializer,
-    CommentBodySerializer,
-    EmptyBodySerializer,
-    ProposeSerializer,
-    ReasonBodySerializer,
-    RequiredCommentSerializer,
-    RequiredReasonSerializer,
+    ChangeProposeSerializer,
+    ChangeReasonBodySerializer,
+    ChangeRequiredCommentSerializer,
+    ChangeRequiredReasonSerializer,
 )
 from changes.choices import ChangeState
 from changes.forms import FLAG_PREFIX, REMOVE_PREFIX, ChangeFilterForm, ProposeForm
@@ -213,11 +213,11 @@ class ChangeViewSet(TokenAuditMixin, viewsets.GenericViewSet):
     # --- proposing -------------------------------------------------------------------------
     @extend_schema(
         summary="Propose a change (the page's new-change form)",
-        request=ProposeSerializer,
+        request=ChangeProposeSerializer,
         responses={201: ChangeDetailSerializer, 400: ERRORS[400], 403: ERRORS[403]},
     )
     def create(self, request):
-        body = ProposeSerializer(data=request.data)
+        body = ChangeProposeSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
         form, unknown = proposal_form(data)
@@ -257,83 +257,95 @@ class ChangeViewSet(TokenAuditMixin, viewsets.GenericViewSet):
         return Response(self.detail_data(change.pk))
 
     @extend_schema(
-        summary="Submit a draft for review", request=EmptyBodySerializer, responses=ACTION_RESPONSES
+        summary="Submit a draft for review",
+        request=ChangeEmptyBodySerializer,
+        responses=ACTION_RESPONSES,
     )
     @action(detail=True, methods=["post"])
     def submit(self, request, pk=None):
-        return self._act(request, review.submit_change, EmptyBodySerializer)
+        return self._act(request, review.submit_change, ChangeEmptyBodySerializer)
 
     @extend_schema(
         summary="Approve (not your own change: four eyes)",
-        request=CommentBodySerializer,
+        request=ChangeCommentBodySerializer,
         responses=ACTION_RESPONSES,
     )
     @action(detail=True, methods=["post"])
     def approve(self, request, pk=None):
-        return self._act(request, review.approve_change, CommentBodySerializer, field="comment")
+        return self._act(
+            request, review.approve_change, ChangeCommentBodySerializer, field="comment"
+        )
 
     @extend_schema(
-        summary="Reject, saying why", request=RequiredCommentSerializer, responses=ACTION_RESPONSES
+        summary="Reject, saying why",
+        request=ChangeRequiredCommentSerializer,
+        responses=ACTION_RESPONSES,
     )
     @action(detail=True, methods=["post"])
     def reject(self, request, pk=None):
-        return self._act(request, review.reject_change, RequiredCommentSerializer, field="comment")
+        return self._act(
+            request, review.reject_change, ChangeRequiredCommentSerializer, field="comment"
+        )
 
     @extend_schema(
         summary="Withdraw (the proposer, or an Admin)",
-        request=ReasonBodySerializer,
+        request=ChangeReasonBodySerializer,
         responses=ACTION_RESPONSES,
     )
     @action(detail=True, methods=["post"])
     def withdraw(self, request, pk=None):
-        return self._act(request, review.withdraw_change, ReasonBodySerializer, field="reason")
+        return self._act(
+            request, review.withdraw_change, ChangeReasonBodySerializer, field="reason"
+        )
 
     @extend_schema(
         summary="Comment on the change",
-        request=RequiredCommentSerializer,
+        request=ChangeRequiredCommentSerializer,
         responses=ACTION_RESPONSES,
     )
     @action(detail=True, methods=["post"])
     def comment(self, request, pk=None):
         return self._act(
-            request, review.comment_on_change, RequiredCommentSerializer, field="comment"
+            request, review.comment_on_change, ChangeRequiredCommentSerializer, field="comment"
         )
 
     @extend_schema(
         summary="Rebase a stale change onto the running config",
-        request=EmptyBodySerializer,
+        request=ChangeEmptyBodySerializer,
         responses=ACTION_RESPONSES,
     )
     @action(detail=True, methods=["post"])
     def rebase(self, request, pk=None):
-        return self._act(request, review.rebase_change, EmptyBodySerializer)
+        return self._act(request, review.rebase_change, ChangeEmptyBodySerializer)
 
     @extend_schema(
         summary="Apply an approved change (queues its pipeline)",
-        request=EmptyBodySerializer,
+        request=ChangeEmptyBodySerializer,
         responses=ACTION_RESPONSES,
     )
     @action(detail=True, methods=["post"])
     def apply(self, request, pk=None):
-        return self._act(request, apply.apply_change, EmptyBodySerializer)
+        return self._act(request, apply.apply_change, ChangeEmptyBodySerializer)
 
     @extend_schema(
         summary="Resume a pipeline whose worker was lost",
-        request=EmptyBodySerializer,
+        request=ChangeEmptyBodySerializer,
         responses=ACTION_RESPONSES,
     )
     @action(detail=True, methods=["post"])
     def resume(self, request, pk=None):
-        return self._act(request, apply.resume_change, EmptyBodySerializer)
+        return self._act(request, apply.resume_change, ChangeEmptyBodySerializer)
 
     @extend_schema(
         summary="Roll back a change being applied, saying why",
-        request=RequiredReasonSerializer,
+        request=ChangeRequiredReasonSerializer,
         responses=ACTION_RESPONSES,
     )
     @action(detail=True, methods=["post"])
     def rollback(self, request, pk=None):
-        return self._act(request, apply.request_rollback, RequiredReasonSerializer, field="reason")
+        return self._act(
+            request, apply.request_rollback, ChangeRequiredReasonSerializer, field="reason"
+        )
 
 
 router = SimpleRouter()
