@@ -6,6 +6,7 @@ for the latencies), so what a script sends is what it reads back."""
 
 from __future__ import annotations
 
+from django.utils.dateparse import parse_datetime
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -260,7 +261,7 @@ class ChangeDetailSerializer(ChangeItemSerializer):
     @extend_schema_field(ChangeCommentSerializer(many=True))
     def get_comments(self, change: ChangeRequest) -> list:
         rows = [
-            {"id": i["id"], "at": i["at"], "who": i["who"], "text": i["message"]}
+            {"id": i["id"], "at": parse_datetime(i["at"]), "who": i["who"], "text": i["message"]}
             for i in self.context["timeline"]
             if i["action"] == "comment"
         ]
@@ -274,6 +275,7 @@ class ChangeDetailSerializer(ChangeItemSerializer):
             rows.append(
                 {
                     **item,
+                    "at": parse_datetime(item["at"]),  # written as text in the entry's shape
                     "message": item.get("message") or "",
                     "stage": after.get("stage") if item["action"] == "stage" else None,
                     "status": after.get("status") if item["action"] == "stage" else None,

@@ -9,8 +9,9 @@ from unittest import mock
 import pytest
 from rest_framework.test import APIClient
 
+from changes.choices import Stage, StageStatus
 from changes.models import Approval, ChangeRequest
-from changes.services import review
+from changes.services import review, timeline
 from controlpanel.models import AuditEntry
 from tests.factories import make_config, make_deployment, make_host, make_profile
 
@@ -421,7 +422,16 @@ def test_the_detail_has_the_verdict_and_the_runs(operator, approver, deployment,
     ChangeRequest.objects.filter(pk=change.pk).update(
         comparison=comparison, state="rolled_back", outcome="rolled back: regression"
     )
+    timeline.record_stage(change, Stage.BASELINE, StageStatus.SUCCEEDED, "measured")
     data = token_for(operator).get(url(change)).json()
+    stage = data["timeline"][-1]
+    assert stage["action"] == "stage" and stage["title"] == "Baseline benchmark: succeeded"
+    assert (stage["stage"], stage["status"], stage["message"]) == (
+        "baseline",
+        "succeeded",
+        "measured",
+    )
+    assert stage["at"].endswith("Z") and data["stage"] == "baseline"
     assert data["verdict"]["outcome"] == "regressed"
     assert data["verdict"]["checks"][0]["ok"] is False
     assert data["outcome"] == "rolled back: regression"
