@@ -15,7 +15,7 @@ from api.base import StrictSerializerMixin
 from changes.choices import Decision
 from changes.models import ChangeRequest
 from hosts.engines.redaction import masked
-from hosts.models import Deployment
+from hosts.models import Deployment, EngineConfig
 
 # The page's form keeps thresholds in percent; the row keeps fractions.
 THRESHOLDS = ("max_error_rate_increase", "max_ttft_p95_regression", "max_itl_p95_regression")
@@ -376,6 +376,19 @@ class ChangeProposeSerializer(StrictSerializerMixin, serializers.Serializer):
     submit = serializers.BooleanField(
         default=True, help_text="true: pending review (the page's Submit); false: a draft."
     )
+
+
+class ChangeRollbackProposalSerializer(StrictSerializerMixin, serializers.Serializer):
+    """Going back to an earlier version of a deployment's config, as the config history page
+    proposes it: a change reviewed like any other."""
+
+    config = serializers.PrimaryKeyRelatedField(
+        queryset=EngineConfig.objects.select_related(
+            "deployment__host", "deployment__active_config"
+        ),
+        help_text="The engine config version to go back to.",
+    )
+    rationale = serializers.CharField(max_length=5000, trim_whitespace=True)
 
 
 class ChangeCommentBodySerializer(StrictSerializerMixin, serializers.Serializer):

@@ -31,6 +31,7 @@ from api.serializers_changes import (
     ChangeReasonBodySerializer,
     ChangeRequiredCommentSerializer,
     ChangeRequiredReasonSerializer,
+    ChangeRollbackProposalSerializer,
 )
 from changes.choices import ChangeState
 from changes.forms import FLAG_PREFIX, REMOVE_PREFIX, ChangeFilterForm, ProposeForm
@@ -140,6 +141,7 @@ class ChangeViewSet(TokenAuditMixin, viewsets.GenericViewSet):
         "list": VIEW,
         "retrieve": VIEW,
         "create": PROPOSE,
+        "propose_rollback": PROPOSE,
         "submit": PROPOSE,
         "approve": APPROVE,
         "reject": APPROVE,
@@ -235,6 +237,29 @@ class ChangeViewSet(TokenAuditMixin, viewsets.GenericViewSet):
             raise exceptions.ValidationError(_refusal_errors(exc)) from None
         except PermissionDenied as exc:
             raise exceptions.PermissionDenied(str(exc) or None) from None
+        return self._created(change)
+
+    @extend_schema(
+        summary="Propose going back to an earlier config version (the config history's button)",
+        request=ChangeRollbackProposalSerializer,
+        responses={201: ChangeDetailSerializer, **ERRORS},
+    )
+    @action(detail=False, methods=["post"], url_path="propose-rollback")
+    def propose_rollback(self, request):
+        body = ChangeRollbackProposalSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        try:
+            change = review.propose_rollback(
+                request.user, data["config"], rationale=data["rationale"]
+            )
+        except ChangeRefused as exc:
+            raise Conflict(str(exc)) from None
+        except PermissionDenied as exc:
+            raise exceptions.PermissionDenied(str(exc) or None) from None
+        return self._created(change)
+
+    def _created(self, change: ChangeRequest) -> Response:
         location = reverse("api:change-detail", args=[change.pk])
         return Response(
             self.detail_data(change.pk),

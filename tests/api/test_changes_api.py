@@ -360,6 +360,31 @@ def test_unknown_fields_of_an_action_are_a_400(operator, approver, deployment, t
     assert change.state == "pending" and not Approval.objects.exists()
 
 
+def test_propose_a_rollback_to_an_earlier_version(operator, deployment, token_for):
+    first = deployment.active_config
+    deployment.active_config = make_config(deployment, {**RUNNING, "max_num_seqs": 96})
+    deployment.save()
+    api = token_for(operator)
+    path = f"{LIST}propose-rollback/"
+    answer = api.post(path, {"config": first.pk, "rationale": "v1 was faster."}, format="json")
+    assert answer.status_code == 201, answer.json()
+    data = answer.json()
+    assert answer["Location"] == url(data["id"])
+    assert data["kind"] == "rollback" and data["state"] == "pending"
+    assert data["target_config"] == {"id": first.pk, "version": 1}
+    assert {"flag": "max_num_seqs", "running": 96, "proposed": 64} in data["diff"]
+    running = deployment.active_config.pk
+    answer = api.post(path, {"config": running, "rationale": "again"}, format="json")
+    assert answer.status_code == 409 and "already runs v2" in answer.json()["detail"]
+    for bad, field in (
+        ({"config": first.pk}, "rationale"),
+        ({"config": 0, "rationale": "x"}, "config"),
+    ):
+        answer = api.post(path, bad, format="json")
+        assert answer.status_code == 400 and field in answer.json()["errors"]
+    assert ChangeRequest.objects.count() == 1
+
+
 def test_a_missing_change_is_a_404(operator, token_for):
     api = token_for(operator)
     assert api.get(url(999999)).status_code == 404

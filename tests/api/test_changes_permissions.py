@@ -28,6 +28,7 @@ ENDPOINTS = [
     ("get", "/api/v1/changes/", ALL, {200}),
     ("get", "/api/v1/changes/{change}/", ALL, {200}),
     ("post", "/api/v1/changes/", OPERATORS, {201}),
+    ("post", "/api/v1/changes/propose-rollback/", OPERATORS, {201}),
     ("post", "/api/v1/changes/{draft}/submit/", {"admin"}, {200}),
     ("post", "/api/v1/changes/{change}/approve/", {"approver", "admin"}, {200}),
     ("post", "/api/v1/changes/{change}/reject/", {"approver", "admin"}, {200}),
@@ -49,6 +50,7 @@ BODIES = {
 @pytest.fixture
 def world(django_user_model):
     deployment = make_deployment(make_host(name="gpu-a"), name="chat")
+    older = make_config(deployment, {"max_num_seqs": 32})
     deployment.active_config = make_config(deployment, {"max_num_seqs": 64})
     deployment.save()
     stranger = django_user_model.objects.create_user("sam-stranger")
@@ -69,6 +71,7 @@ def world(django_user_model):
         "draft": change("draft"),
         "approved": change("approved"),
         "deployment": deployment.pk,
+        "older": older.pk,
     }
 
 
@@ -83,6 +86,8 @@ def request(api, method, template, world):
             "rationale": "Queue wait.",
             "settings": {"max_num_seqs": 96},
         }
+    elif template.endswith("/propose-rollback/"):
+        data = {"config": world["older"], "rationale": "v1 was faster."}
     else:
         data = BODIES.get(path.rstrip("/").rsplit("/", 1)[-1], {})
     with mock.patch("changes.tasks.apply_change.apply_async"):
