@@ -11,6 +11,9 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from api.base import StrictSerializerMixin
+from benchmarks.models import LoadProfile
+from controlpanel import userjson
 from hosts.engines.redaction import masked
 from hosts.models import clock_events
 
@@ -246,6 +249,45 @@ class ProfileSerializer(serializers.Serializer):
     spec = serializers.DictField()
     created_at = serializers.DateTimeField()
     created_by = Username()
+
+
+def _storable_spec(value):
+    """A profile document PostgreSQL can store (no NUL, no lone surrogate); whether it is a
+    runnable load is the service's to say (``benchmarks.loadgen.profile.validate``)."""
+    if not isinstance(value, dict):
+        raise serializers.ValidationError("A load profile document (a JSON object).")
+    try:
+        userjson.check_value(value, what="The document")
+    except userjson.UserJSONError as exc:
+        raise serializers.ValidationError(str(exc)) from None
+    return value
+
+
+class ProfileVersionBodySerializer(StrictSerializerMixin, serializers.Serializer):
+    """The next version of a profile, as the page's editor saves it: the whole document."""
+
+    spec = serializers.JSONField(validators=[_storable_spec])
+    description = serializers.CharField(
+        required=False, allow_blank=True, help_text="Omitted: the edited version's."
+    )
+    note = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+
+
+class ProfileCreateBodySerializer(ProfileVersionBodySerializer):
+    """A new profile (version 1 of a name nobody uses yet), as the page's "New" form."""
+
+    name = serializers.CharField(max_length=100)
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+
+    def validate_name(self, value: str) -> str:
+        # The page's rule (ProfileForm.clean_name): a new profile takes a new name; the
+        # next version of an existing one is made from that version.
+        if LoadProfile.objects.filter(name=value).exists():
+            raise serializers.ValidationError(
+                "A profile of this name exists: POST its next version to "
+                "/api/v1/profiles/{id}/versions/."
+            )
+        return value
 
 
 class HostRefSerializer(serializers.Serializer):

@@ -4,6 +4,7 @@ helpers (the config history's diffs, the price list's rows, the audit log's filt
 
 from __future__ import annotations
 
+from django.db import IntegrityError
 from django.db.models import Prefetch, TextField
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
@@ -17,7 +18,10 @@ from rest_framework.routers import SimpleRouter
 
 from api import serializers_fleet as s
 from api.base import TokenAuditMixin
+from api.errors import Conflict
+from benchmarks.loadgen.spec import SpecError
 from benchmarks.models import LoadProfile, Price
+from benchmarks.services import profiles as profile_services
 from benchmarks.services.prices import price_rows
 from changes.choices import ChangeKind
 from changes.models import ChangeRequest
@@ -224,8 +228,61 @@ def _add_history_facts(deployment: Deployment, rows: list[dict]) -> None:
     retrieve=extend_schema(summary="One load profile version"),
 )
 class ProfileViewSet(ReadViewSet):
+    """Load profiles; a POST saves a new one or the next version of one, as the page does."""
+
     permission = "benchmarks.view_loadprofile"
     serializer_class = s.ProfileSerializer
+
+    @property
+    def permissions(self) -> dict:
+        add = "benchmarks.add_loadprofile"
+        return {**super().permissions, "create": add, "versions": add}
+
+    @extend_schema(
+        summary="A new load profile (version 1)",
+        request=s.ProfileCreateBodySerializer,
+        responses={201: s.ProfileSerializer},
+    )
+    def create(self, request, *args, **kwargs):
+        body = s.ProfileCreateBodySerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        return self._saved(
+            profile_services.create_profile,
+            data["name"],
+            data["spec"],
+            description=data["description"],
+            note=data["note"],
+        )
+
+    @extend_schema(
+        summary="The next version of a load profile (this one stays as it is)",
+        request=s.ProfileVersionBodySerializer,
+        responses={201: s.ProfileSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def versions(self, request, pk=None):
+        base = self.get_object()
+        body = s.ProfileVersionBodySerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        return self._saved(
+            profile_services.edit_profile,
+            base,
+            data["spec"],
+            description=data.get("description", base.description),
+            note=data["note"],
+        )
+
+    def _saved(self, service, *args, **kwargs) -> Response:
+        try:
+            profile = service(self.request.user, *args, **kwargs)
+        except SpecError as exc:
+            raise ValidationError({"spec": [str(exc)]}) from None
+        except IntegrityError:
+            # Another version of the same name was saved at the same moment.
+            raise Conflict("Another version of this profile was just saved: try again.") from None
+        return Response(s.ProfileSerializer(profile).data, status=201)
 
     def get_queryset(self):
         profiles = LoadProfile.objects.select_related("created_by").order_by("name", "-version")

@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from benchmarks.models import Price
+from benchmarks.models import LoadProfile, Price
 from changes.choices import ChangeState
 from changes.models import ChangeRequest
 from controlpanel.models import AuditEntry
@@ -470,3 +470,95 @@ def test_list_queries_do_not_grow_with_the_rows(api, url, django_assert_max_num_
     with django_assert_max_num_queries(few):
         api.get(url)
     assert few <= 8
+
+
+# --- saving load profiles ----------------------------------------------------------------------
+SPEC = {
+    "stages": [{"name": "main", "concurrency": 4, "num_requests": 10}],
+    "input_len": {"kind": "fixed", "mean": 128},
+    "output_len": {"kind": "fixed", "mean": 32},
+}
+
+
+def test_a_new_profile_is_saved_by_the_pages_service_and_audited_via_the_token(operator, token_for):
+    client = token_for(operator, "ci")
+    answer = client.post(
+        "/api/v1/profiles/",
+        {"name": "api-load", "spec": SPEC, "description": "from CI", "note": "first"},
+        format="json",
+    )
+    assert answer.status_code == 201, answer.content
+    body = answer.json()
+    assert (body["name"], body["version"], body["source"]) == ("api-load", 1, "manual")
+    assert body["description"] == "from CI" and body["note"] == "first"
+    assert body["created_by"] == operator.username
+    # The document as the load generator's validator normalised it.
+    assert body["spec"]["stages"] == SPEC["stages"]
+    assert body["spec"]["endpoint"] == "/v1/completions"
+    entry = AuditEntry.objects.get(action="profile.create", object_id=str(body["id"]))
+    assert entry.actor == operator and entry.via == "token ci"
+
+
+def test_the_next_version_leaves_the_old_one_and_keeps_the_description(operator, token_for):
+    client = token_for(operator)
+    base = make_profile("steady", description="the usual")
+    answer = client.post(
+        f"/api/v1/profiles/{base.pk}/versions/",
+        {"spec": {**SPEC, "warmup_requests": 3}, "note": "warmer"},
+        format="json",
+    )
+    assert answer.status_code == 201, answer.content
+    body = answer.json()
+    assert (body["name"], body["version"], body["note"]) == ("steady", 2, "warmer")
+    assert body["description"] == "the usual" and body["spec"]["warmup_requests"] == 3
+    kept = LoadProfile.objects.get(pk=base.pk)
+    assert kept.version == 1 and kept.spec == base.spec and kept.spec["warmup_requests"] == 2
+    listed = client.get("/api/v1/profiles/", {"name": "steady"}).json()["results"]
+    assert [r["version"] for r in listed] == [2, 1]
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"name": "taken", "spec": SPEC}, "name"),
+        ({"name": "", "spec": SPEC}, "name"),
+        ({"spec": SPEC}, "name"),
+        ({"name": "x"}, "spec"),
+        ({"name": "x", "spec": ["not", "an", "object"]}, "spec"),
+        ({"name": "x", "spec": {"stages": "many"}}, "spec"),
+        ({"name": "x", "spec": {"stages": [{"concurrency": -1}]}}, "spec"),
+        ({"name": "x", "spec": {"warmup_requests": [1]}}, "spec"),
+        ({"name": "x", "spec": {"note\u0000": 1}}, "spec"),
+        ({"name": "x", "spec": SPEC, "version": 7}, "version"),
+        ({"name": "x", "spec": SPEC, "note": "n" * 201}, "note"),
+    ],
+)
+def test_a_refused_profile_is_400_naming_the_field_and_saves_nothing(
+    operator, token_for, body, field
+):
+    make_profile("taken")
+    before = LoadProfile.objects.count()
+    answer = token_for(operator).post("/api/v1/profiles/", body, format="json")
+    assert_problem(answer, 400, field)
+    assert LoadProfile.objects.count() == before
+
+
+def test_a_new_version_of_an_unknown_profile_is_404(operator, token_for):
+    answer = token_for(operator).post(
+        "/api/v1/profiles/999999/versions/", {"spec": SPEC}, format="json"
+    )
+    assert_problem(answer, 404)
+
+
+def test_a_new_version_refuses_what_the_page_refuses(operator, token_for):
+    base = make_profile("steady")
+    client = token_for(operator)
+    bad = client.post(
+        f"/api/v1/profiles/{base.pk}/versions/", {"spec": {"stages": 1}}, format="json"
+    )
+    assert_problem(bad, 400, "spec")
+    renamed = client.post(
+        f"/api/v1/profiles/{base.pk}/versions/", {"spec": SPEC, "name": "other"}, format="json"
+    )
+    assert_problem(renamed, 400, "name")
+    assert LoadProfile.objects.filter(name="steady").count() == 1

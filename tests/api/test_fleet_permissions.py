@@ -94,15 +94,44 @@ def test_anonymous_is_401(ids, endpoint):
     assert answer["WWW-Authenticate"].startswith("Bearer")
 
 
-@pytest.mark.parametrize("method", ["post", "put", "patch", "delete"])
-@pytest.mark.parametrize("endpoint", ENDPOINTS)
+WRITES = [
+    (method, endpoint)
+    for method in ("post", "put", "patch", "delete")
+    for endpoint in ENDPOINTS
+    if (method, endpoint) != ("post", "profiles/")  # a new load profile, below
+] + [("get", "profiles/{profile}/versions/"), ("delete", "profiles/{profile}/versions/")]
+
+
+@pytest.mark.parametrize("method, endpoint", WRITES)
 @pytest.mark.parametrize("role", ["viewer", "admin", "nobody"])
-def test_nobody_writes(request, token_for, ids, role, endpoint, method):
-    """Read-only resources: 405 for anyone signed in, and nothing changes."""
+def test_read_only_resources_refuse_writes(request, token_for, ids, role, endpoint, method):
+    """No such action: 405 for anyone signed in, and nothing changes."""
     client = token_for(request.getfixturevalue(role))
     answer = getattr(client, method)(url(endpoint, ids), {}, format="json")
     assert answer.status_code == 405, answer.content
     assert answer["Content-Type"] == "application/problem+json"
+
+
+SPEC = {
+    "stages": [{"name": "main", "concurrency": 4, "num_requests": 10}],
+    "input_len": {"kind": "fixed", "mean": 128},
+    "output_len": {"kind": "fixed", "mean": 32},
+}
+
+
+@pytest.mark.parametrize(
+    "role, expected",
+    [("viewer", 403), ("operator", 201), ("approver", 201), ("admin", 201), ("nobody", 403)],
+)
+@pytest.mark.parametrize("endpoint", ["profiles/", "profiles/{profile}/versions/"])
+def test_saving_a_profile_needs_the_pages_permission(
+    request, token_for, ids, role, expected, endpoint
+):
+    """benchmarks.add_loadprofile, like the profile editor: Operator and up."""
+    client = token_for(request.getfixturevalue(role))
+    body = {"spec": SPEC} if "versions" in endpoint else {"name": f"new-{role}", "spec": SPEC}
+    answer = client.post(url(endpoint, ids), body, format="json")
+    assert answer.status_code == expected, answer.content
 
 
 @pytest.mark.parametrize("method", ["post", "delete"])
