@@ -135,12 +135,7 @@ class HostDetailSerializer(HostSerializer):
     numa_nodes = serializers.ListField(child=serializers.DictField())
     host_readings = serializers.DictField()
     inventory_at = serializers.DateTimeField(allow_null=True)
-    last_check = serializers.SerializerMethodField()
-
-    @extend_schema_field(HostCheckSerializer(allow_null=True))
-    def get_last_check(self, host):
-        check = host.latest_check()
-        return HostCheckSerializer(check).data if check else None
+    last_check = HostCheckSerializer(source="latest_check", allow_null=True)
 
 
 # --- deployments and their configs -------------------------------------------------------------
@@ -190,14 +185,11 @@ class DeploymentSerializer(serializers.Serializer):
 
 
 class DeploymentDetailSerializer(DeploymentSerializer):
-    lock = serializers.SerializerMethodField(
-        help_text="The change holding the deployment's lock (applying or verifying), if any."
+    lock = LockSerializer(
+        source="lock_holder",
+        allow_null=True,
+        help_text="The change holding the deployment's lock (applying or verifying), if any.",
     )
-
-    @extend_schema_field(LockSerializer(allow_null=True))
-    def get_lock(self, deployment):
-        holder = self.context["lock"]
-        return LockSerializer(holder).data if holder else None
 
 
 class DiffLineSerializer(serializers.Serializer):

@@ -170,8 +170,8 @@ class DeploymentViewSet(ReadViewSet):
 
     def retrieve(self, request, *args, **kwargs):
         deployment = self.get_object()
-        context = {**self.get_serializer_context(), "lock": lock_holder(deployment)}
-        return Response(s.DeploymentDetailSerializer(deployment, context=context).data)
+        deployment.lock_holder = lock_holder(deployment)
+        return Response(s.DeploymentDetailSerializer(deployment).data)
 
     @extend_schema(
         summary="A deployment's config versions, newest first, each with its diff",
