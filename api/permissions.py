@@ -14,6 +14,12 @@ def required_permission(view, request) -> str | None:
     refused (fail closed), so a new action cannot slip out unguarded."""
     table = getattr(view, "permissions", None) or {}
     action = getattr(view, "action", None)
+    if request.method == "OPTIONS":
+        # DRF's metadata (what the endpoint accepts): whoever may read the resource.
+        for key in ("list", "retrieve", "GET", "read"):
+            if key in table:
+                return table[key]
+        return None
     if action and action in table:
         return table[action]
     if request.method in table:
