@@ -261,31 +261,6 @@ def change_rollback(request, pk):
 
 
 # --- config history ----------------------------------------------------------------------------
-def _with_diffs(configs: list[EngineConfig]) -> list[dict]:
-    """Each config with what it changed from the version before, in one query for all the
-    predecessors instead of one per row."""
-    wanted = {(c.deployment_id, c.version - 1) for c in configs if c.version > 1}
-    have = {(c.deployment_id, c.version): c for c in configs}
-    missing = wanted - set(have)
-    if missing:
-        have.update(
-            {
-                (c.deployment_id, c.version): c
-                for c in EngineConfig.objects.filter(
-                    deployment_id__in={d for d, _ in missing},
-                    version__in={v for _, v in missing},
-                )
-            }
-        )
-    return [
-        {
-            "config": c,
-            "diff": facts.shown_diff(c.diff(have.get((c.deployment_id, c.version - 1)))),
-        }
-        for c in configs
-    ]
-
-
 @permission_required("hosts.view_engineconfig", raise_exception=True)
 def all_configs(request):
     """Every engine-config version of every deployment, newest first."""
@@ -294,7 +269,7 @@ def all_configs(request):
             "-created_at", "-pk"
         )[:100]
     )
-    return render(request, "changes/config_list.html", {"rows": _with_diffs(configs)})
+    return render(request, "changes/config_list.html", {"rows": facts.configs_with_diffs(configs)})
 
 
 @permission_required("hosts.view_engineconfig", raise_exception=True)
@@ -307,7 +282,7 @@ def deployment_configs(request, pk):
         .select_related("created_by")
         .order_by("-version")
     )
-    rows = _with_diffs(configs)
+    rows = facts.configs_with_diffs(configs)
     # The change that created each version, in one query.
     made_by = dict(
         ChangeRequest.objects.filter(

@@ -26,7 +26,7 @@ from benchmarks.services.prices import price_rows
 from changes.choices import ChangeKind
 from changes.models import ChangeRequest
 from changes.services.apply import lock_holder
-from changes.views import _with_diffs
+from changes.services.facts import configs_with_diffs
 from controlpanel import services as audit_services
 from controlpanel.forms import AuditFilterForm
 from controlpanel.models import AuditEntry
@@ -186,7 +186,7 @@ class DeploymentViewSet(ReadViewSet):
             .order_by("-version")
         )
         page = self.paginate_queryset(configs)
-        rows = _with_diffs(page)
+        rows = configs_with_diffs(page)
         _add_history_facts(deployment, rows)
         return self.get_paginated_response(s.ConfigVersionSerializer(rows, many=True).data)
 

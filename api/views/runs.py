@@ -29,8 +29,8 @@ from benchmarks.forms.history import HistoryForm
 from benchmarks.models import BenchmarkRun
 from benchmarks.services import export, history
 from benchmarks.services import runs as services
-from benchmarks.views.runs import BACKFILL_PAGE
-from benchmarks.views.runs import _points as timeline_points
+from benchmarks.services.timeline import BACKFILL_PAGE
+from benchmarks.services.timeline import points_after as timeline_points
 from changes import verdict
 from changes.services import verification
 
@@ -270,7 +270,7 @@ def detail(run: BenchmarkRun) -> dict:
 def results(run: BenchmarkRun) -> dict:
     """The run's numbers as its exported result JSON names them (the summary part of
     ``export.export_document``, without the timeline it would read point by point)."""
-    return export._summary(run, export.export_spec(run))
+    return export.summary(run, export.export_spec(run))
 
 
 router = SimpleRouter()

@@ -41,7 +41,7 @@ def export_document(run: BenchmarkRun) -> dict:
     plus a ``panel`` part with where it ran and with what; ``import_run`` reads it back."""
     spec = export_spec(run)
     return {
-        **_summary(run, spec),
+        **summary(run, spec),
         "stages": run.stages or {},
         "timeline": _timeline(run),
         "server": run.server or {},
@@ -53,7 +53,7 @@ def export_document(run: BenchmarkRun) -> dict:
     }
 
 
-def _summary(run: BenchmarkRun, spec: dict | None) -> dict:
+def summary(run: BenchmarkRun, spec: dict | None) -> dict:
     """The run's summary, completed from its columns and with the header a CLI result has
     (date, backend, model, endpoint, request count, the first stage's load)."""
     summary = dict(run.summary or {})

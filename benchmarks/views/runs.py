@@ -11,31 +11,15 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from benchmarks.forms.runs import RunForm
-from benchmarks.models import BenchmarkRun, LoadProfile, RunPoint, RunRequestLog
+from benchmarks.models import BenchmarkRun, LoadProfile, RunRequestLog
 from benchmarks.services import runs as services
 from benchmarks.services.runs import RunRefused
+from benchmarks.services.timeline import (
+    BACKFILL_PAGE,
+    points_after,
+)
 
 PARTS = {"results": "benchmarks/_run_results.html", "facts": "benchmarks/_run_facts.html"}
-# Only the run's last RECENT_WITH_SAMPLES points carry their per-request TTFT samples (up to
-# 100 a second): the scatter shows the recent past, and a 3-hour run would otherwise send about
-# a million samples per page view. Older points are read without them, key by key in SQL.
-RECENT_WITH_SAMPLES = 300
-# What run_live.js draws from a point (its CHARTS); older points are read as just these keys.
-CHART_KEYS = (
-    "ttft_p50_ms",
-    "ttft_p95_ms",
-    "output_tokens_per_s",
-    "requests_per_s",
-    "in_flight",
-    "server_running",
-    "server_waiting",
-    "errors_per_s",
-    "failed",
-    "kv_cache_usage",
-    "gpus",
-)
-# The backfill's page: a reconnect after a long sleep fetches what it missed in pages.
-BACKFILL_PAGE = 600
 
 
 @permission_required("benchmarks.add_benchmarkrun", raise_exception=True)
@@ -63,7 +47,7 @@ def run_new(request):
 @permission_required("benchmarks.view_benchmarkrun", raise_exception=True)
 def run_detail(request, pk):
     run = _run(pk)
-    points, _ = _points(run)
+    points, _ = points_after(run)
     return render(request, "benchmarks/run_detail.html", {**_context(run), "points": points})
 
 
@@ -87,7 +71,7 @@ def run_timeline(request, pk):
         return JsonResponse({"error": "since must be a number of seconds"}, status=400)
     if not math.isfinite(since):
         return JsonResponse({"error": "since must be a number of seconds"}, status=400)
-    points, more = _points(run, since=since, limit=BACKFILL_PAGE)
+    points, more = points_after(run, since=since, limit=BACKFILL_PAGE)
     return JsonResponse(
         {
             "status": run.status,
@@ -113,35 +97,6 @@ def run_cancel(request, pk):
     else:
         messages.info(request, f"Cancelling {run}: requests in flight are aborted.")
     return redirect(run)
-
-
-def _points(run: BenchmarkRun, since: float | None = None, limit: int | None = None):
-    """The run's points after ``since``, oldest first, at most ``limit`` (and whether more
-    follow); the per-request TTFT samples only on the run's last RECENT_WITH_SAMPLES points."""
-    rows = RunPoint.objects.filter(run=run)
-    if since is not None:
-        rows = rows.filter(t__gt=since)
-    # Where the points with samples begin: the RECENT_WITH_SAMPLES-th newest point's t.
-    edge = list(
-        RunPoint.objects.filter(run=run)
-        .order_by("-t")
-        .values_list("t", flat=True)[RECENT_WITH_SAMPLES - 1 : RECENT_WITH_SAMPLES]
-    )
-    want = None if limit is None else limit + 1
-    points = []
-    if edge:
-        older = rows.filter(t__lt=edge[0]).order_by("t")
-        older = older.values_list("t", *(f"data__{key}" for key in CHART_KEYS))
-        points = [
-            {"t": row[0], **dict(zip(CHART_KEYS, row[1:], strict=True))}
-            for row in (older if want is None else older[:want])
-        ]
-        rows = rows.filter(t__gte=edge[0])
-    if want is None or len(points) < want:
-        recent = rows.order_by("t").values_list("data", flat=True)
-        points += list(recent if want is None else recent[: want - len(points)])
-    more = limit is not None and len(points) > limit
-    return (points[:limit] if more else points), more
 
 
 def _run(pk) -> BenchmarkRun:

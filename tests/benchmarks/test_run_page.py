@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from benchmarks.loadgen.runner import TTFT_SAMPLES_PER_TICK
 from benchmarks.models import RunPoint
-from benchmarks.views import runs as views
+from benchmarks.services import timeline as views
 from tests.factories import make_run
 
 THREE_HOURS = 3 * 3600
