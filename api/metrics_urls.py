@@ -1,3 +1,7 @@
-"""``/metrics``: the panel's own Prometheus metrics (filled in by the issue-16 work)."""
+"""``/metrics``: the panel's own Prometheus metrics (``api.metrics``)."""
 
-urlpatterns: list = []
+from django.urls import path
+
+from api.metrics import metrics
+
+urlpatterns = [path("metrics", metrics, name="metrics")]

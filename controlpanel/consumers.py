@@ -18,6 +18,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.contrib import auth
 
+from controlpanel import realtime_stats
 from controlpanel.realtime import bind_server_loop, group_name, session_group
 
 # Close codes (4000-4999 are the application's): the browser's live.js stops reconnecting.
@@ -61,8 +62,10 @@ class ObjectConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_add(group, self.channel_name)
             self.joined.append(group)
         await self.accept()
+        realtime_stats.opened(self)
 
     async def disconnect(self, code):
+        realtime_stats.closed(self)
         await self._leave()
 
     async def _leave(self):

@@ -7,6 +7,7 @@ some unrelated place. Secrets may also come from ``<NAME>_FILE`` (Docker/Kuberne
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -98,6 +99,21 @@ def env_list(name: str, default: list[str], environ: Mapping[str, str] | None = 
     if value is None:
         return list(default)
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_networks(
+    name: str, environ: Mapping[str, str] | None = None
+) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """Comma-separated addresses and CIDR networks (``10.0.0.5,10.1.0.0/16,::1``)."""
+    networks = []
+    for item in env_list(name, [], environ):
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise EnvError(
+                name, item, "IP addresses or networks (10.0.0.0/8), comma-separated"
+            ) from None
+    return networks
 
 
 def env_secret(name: str, environ: Mapping[str, str] | None = None) -> str | None:

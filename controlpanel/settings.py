@@ -24,6 +24,7 @@ from controlpanel.env import (
     env_float,
     env_int,
     env_list,
+    env_networks,
     env_secret,
     env_str,
     env_url,
@@ -143,7 +144,18 @@ def _read():
         "LOGIN_FAILURE_LIMIT": env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1),
         "LOGIN_ADDRESS_FAILURE_LIMIT": env_int("LOGIN_ADDRESS_FAILURE_LIMIT", 20, minimum=1),
         "LOGIN_LOCKOUT_MINUTES": env_int("LOGIN_LOCKOUT_MINUTES", 15, minimum=1),
+        "METRICS_ALLOWED_ADDRESSES": env_networks("METRICS_ALLOWED_ADDRESSES"),
+        "PROMETHEUS_MULTIPROC_DIR": _multiproc_dir(),
     }
+
+
+def _multiproc_dir() -> str | None:
+    # Read by prometheus-client itself from the environment; checked here so a missing
+    # directory stops the process at start rather than at its first request.
+    path = env_str("PROMETHEUS_MULTIPROC_DIR")
+    if path and not Path(path).is_dir():
+        raise EnvError("PROMETHEUS_MULTIPROC_DIR", path, "an existing directory")
+    return path
 
 
 def _embedded_secret_key(var_dir: Path) -> str:
@@ -193,6 +205,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: counts and times every request, including those the others answer (/metrics).
+    "api.metrics_middleware.MetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -277,8 +291,9 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = _env["HSTS_SUBDOMAINS"]
 SECURE_HSTS_PRELOAD = _env["HSTS_PRELOAD"]
 if _env["TRUST_X_FORWARDED_PROTO"]:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-# The health endpoint is probed over plain http inside the compose network.
-SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+# The health endpoint is probed, and /metrics scraped, over plain http inside the compose
+# network (/metrics still needs a token or an allowed address).
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
 SESSION_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
 # Error pages (DEBUG=true) and error mails hide every secret setting and URL password.
@@ -374,6 +389,15 @@ if HOST_CHECK_INTERVAL > 0:
         "schedule": HOST_CHECK_INTERVAL,
     }
 EMBEDDED_WORKER_CONCURRENCY = _env["EMBEDDED_WORKER_CONCURRENCY"]
+# Every worker imports this at start: its signal receivers count tasks and heartbeats for
+# /metrics (in Redis, which the web process reads).
+CELERY_IMPORTS = ["controlpanel.task_stats"]
+
+# --- /metrics (api/metrics.py) ---------------------------------------------------------------
+# Scrapers from these addresses (IPs or CIDR networks) need no token; empty: tokens only.
+METRICS_ALLOWED_ADDRESSES = _env["METRICS_ALLOWED_ADDRESSES"]
+# Set: prometheus-client's multiprocess mode, the numbers of every web process added up.
+PROMETHEUS_MULTIPROC_DIR = _env["PROMETHEUS_MULTIPROC_DIR"]
 
 # --- Channels ------------------------------------------------------------------------------
 if REDIS_URL:
