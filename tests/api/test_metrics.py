@@ -187,6 +187,17 @@ def test_requests_are_counted_by_url_name_never_by_path(client, viewer, scrape):
     assert not any("/" in label for label in every_label), every_label
 
 
+def test_requests_through_asgi_are_counted_too(scrape):
+    """Under uvicorn the middleware chain is async: the same counting on that path."""
+    from django.test import AsyncClient
+
+    labels = {"view": "unmatched", "method": "GET", "status": "404"}
+    start = value(scrape(), "llmpanel_http_requests_total", **labels) or 0
+    response = asyncio.run(AsyncClient().get("/no/such/page/"))
+    assert response.status_code == 404
+    assert value(scrape(), "llmpanel_http_requests_total", **labels) == start + 1
+
+
 def test_latency_is_observed_per_view(client, viewer, scrape):
     client.force_login(viewer)
     labels = {"view": "hosts:list", "method": "GET"}
