@@ -129,6 +129,14 @@ def test_only_get_and_head(scraper):
     assert scraper.post("/metrics").status_code == 405
 
 
+def test_plain_http_is_not_redirected_to_https(db, settings):
+    """Like /healthz: Prometheus scrapes inside the network, where there is no TLS."""
+    settings.SECURE_SSL_REDIRECT = True
+    client = Client()
+    assert client.get("/metrics").status_code == 401  # answered here, not sent to https
+    assert client.get("/hosts/").status_code == 301
+
+
 def test_allowed_addresses_come_from_the_environment(monkeypatch):
     assert env.env_networks("X", {"X": "10.0.0.5, 10.1.0.0/16,::1"}) == [
         ipaddress.ip_network("10.0.0.5/32"),
