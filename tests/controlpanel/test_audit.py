@@ -299,6 +299,7 @@ def test_csv_export(client, viewer, operator):
         "before",
         "after",
         "remote_addr",
+        "via",
     ]
     assert (
         datetime.fromisoformat(row["created_at"]) == AuditEntry.objects.get(pk=entry.pk).created_at
@@ -344,6 +345,7 @@ def test_json_export(client, viewer, operator, approver):
         "before": {"port": 1},
         "after": {"port": 2},
         "remote_addr": None,
+        "via": "",
     }
 
 

@@ -86,6 +86,9 @@ PUBLIC = {
     "password_reset_complete",
     "password_change",
     "password_change_done",
+    # Its own access (an API token, or an allowed address; 401, not a login redirect):
+    # tests/api/test_metrics.py.
+    "metrics",
 }
 
 
