@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
+from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -37,3 +38,16 @@ class MeView(TokenAuditMixin, APIView):
                 }
             ).data
         )
+
+
+class NotFoundView(APIView):
+    """Any other path under /api/v1/: a 404 in the API's error shape, not the HTML page."""
+
+    authentication_classes: list = []
+    permission_classes: list = []
+
+    @extend_schema(exclude=True)
+    def get(self, request, *args, **kwargs):
+        raise NotFound("No such API resource.")
+
+    post = put = patch = delete = get

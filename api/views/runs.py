@@ -52,6 +52,7 @@ FORM_FILTERS = (
 RENAMED = {"profile_name": "profile", "ordering": "sort"}
 ID_FILTERS = {"deployment": "deployment_id", "profile": "load_profile_id"}
 KNOWN_PARAMS = {*FORM_FILTERS, *RENAMED, *ID_FILTERS, "page", "page_size", "format"}
+MAX_ID = 2**63 - 1  # the database's bigint: a larger "id" is a 400, not an overflow
 # What a list row reads beyond the history page's columns.
 LIST_EXTRA = ("finished_at", "load_profile", "engine_config")
 # A run's detail never reads these: its page size, not its numbers.
@@ -85,6 +86,7 @@ class RunViewSet(TokenAuditMixin, viewsets.GenericViewSet):
 
     queryset = BenchmarkRun.objects.all()
     serializer_class = RunDetailSerializer
+    lookup_value_regex = r"[0-9]+"  # /runs/abc/ is a 404, not a database error
     permissions = {
         "list": "benchmarks.view_benchmarkrun",
         "retrieve": "benchmarks.view_benchmarkrun",
@@ -205,7 +207,7 @@ class RunViewSet(TokenAuditMixin, viewsets.GenericViewSet):
         for name, column in ID_FILTERS.items():
             value = params.get(name, "").strip()
             if value:
-                if value.isdigit():
+                if value.isdigit() and int(value) <= MAX_ID:
                     ids[column] = int(value)
                 else:
                     errors[name] = ["Enter a whole number (an id)."]

@@ -54,3 +54,31 @@ def test_problem_details_for_a_refused_write(viewer, token_for):
         "detail": "Your role does not allow this.",
         "errors": {},
     }
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/api/v1/runs/abc/",
+        "/api/v1/runs/1.5/",
+        "/api/v1/runs/99999999999999999999999/",
+        "/api/v1/runs/abc/verdict/?baseline=x",
+        "/api/v1/runs/1/verdict/?baseline=99999999999999999999999",
+        "/api/v1/runs/?deployment=99999999999999999999999",
+        "/api/v1/runs/?page=abc",
+        "/api/v1/runs/?page_size=-1",
+        "/api/v1/hosts/abc/",
+        "/api/v1/hosts/?page=999",
+        "/api/v1/deployments/abc/configs/",
+        "/api/v1/changes/abc/",
+        "/api/v1/changes/99999999999999999999999/approve/",
+        "/api/v1/audit/abc/",
+        "/api/v1/profiles/x/",
+        "/api/v1/prices/-1/",
+    ],
+)
+def test_malformed_ids_and_pages_are_4xx_never_500(admin, token_for, url):
+    api = token_for(admin)
+    answer = api.post(url, {}, format="json") if url.endswith("approve/") else api.get(url)
+    assert 400 <= answer.status_code < 500, (url, answer.status_code)
+    assert answer["Content-Type"] == "application/problem+json"
