@@ -142,7 +142,7 @@ def test_every_get_endpoint_answers_as_the_schema_says(schema_document, world, a
 
 
 def test_starting_a_run_and_proposing_a_change_answer_as_the_schema_says(
-    schema_document, world, operator, token_for
+    schema_document, world, operator, approver, token_for
 ):
     spec = OpenAPI.from_dict(schema_document)
     api = token_for(operator)
@@ -154,3 +154,21 @@ def test_starting_a_run_and_proposing_a_change_answer_as_the_schema_says(
         )
     assert answer.status_code == 201, answer.content
     validate(spec, "post", "/api/v1/runs/", answer)
+    proposal = api.post(
+        "/api/v1/changes/",
+        {
+            "deployment": world["deployments"],
+            "title": "Fewer sequences",
+            "rationale": "KV preemptions at peak.",
+            "settings": {"max_num_seqs": 32},
+        },
+        format="json",
+    )
+    assert proposal.status_code == 201, proposal.content
+    validate(spec, "post", "/api/v1/changes/", proposal)
+    # Another person approves it: the action answers with the change, as documented.
+    change = proposal.json()["id"]
+    approve = f"/api/v1/changes/{change}/approve/"
+    approved = token_for(approver, "review").post(approve, {"comment": "ok"}, format="json")
+    assert approved.status_code == 200, approved.content
+    validate(spec, "post", approve, approved)
