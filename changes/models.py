@@ -384,3 +384,7 @@ class Approval(models.Model):
     @property
     def decision_choice(self) -> Decision:
         return Decision(self.decision)
+
+
+# The advisor's findings live in their own module; imported here so Django registers them.
+from changes.models_findings import Finding  # noqa: E402, F401

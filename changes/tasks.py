@@ -35,3 +35,16 @@ def notify_change(change_pk: int, state: str) -> None:
 @shared_task(ignore_result=True, **timelimits.RESUME_LOST_PIPELINES.options())
 def resume_lost_pipelines() -> int:
     return len(change_apply.resume_lost_pipelines())
+
+
+# A sweep scrapes every engine at once (ADVISOR_SCRAPE_SECONDS) and then evaluates each
+# deployment in milliseconds: well under a minute; the next beat replaces a late one.
+DIAGNOSE_FLEET = timelimits.TimeLimit(50, 60)
+
+
+@shared_task(ignore_result=True, **DIAGNOSE_FLEET.options())
+def diagnose_fleet() -> dict:
+    """The advisor's beat: re-evaluate every deployment whose host is online."""
+    from changes.services import diagnosis
+
+    return diagnosis.diagnose_fleet()

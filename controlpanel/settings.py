@@ -146,6 +146,9 @@ def _read():
         "LOGIN_LOCKOUT_MINUTES": env_int("LOGIN_LOCKOUT_MINUTES", 15, minimum=1),
         "METRICS_ALLOWED_ADDRESSES": env_networks("METRICS_ALLOWED_ADDRESSES"),
         "PROMETHEUS_MULTIPROC_DIR": _multiproc_dir(),
+        "ADVISOR_INTERVAL": env_float("ADVISOR_INTERVAL_SECONDS", 60.0, minimum=0),
+        "ADVISOR_SCRAPE_SECONDS": env_float("ADVISOR_SCRAPE_SECONDS", 5.0, minimum=0),
+        "ADVISOR_TELEMETRY_SECONDS": env_float("ADVISOR_TELEMETRY_SECONDS", 300.0, minimum=1),
     }
 
 
@@ -498,6 +501,21 @@ CELERY_BEAT_SCHEDULE["downsample-telemetry"] = {
     "task": "hosts.tasks.downsample_telemetry",
     "schedule": 60.0,
 }
+
+# --- The advisor (changes.services.diagnosis) ----------------------------------------------
+# How often every deployment on an online host is re-evaluated (0: never, only on request).
+ADVISOR_INTERVAL_SECONDS = _env["ADVISOR_INTERVAL"]
+# How long an evaluation watches the engine's /metrics (its live window).
+ADVISOR_SCRAPE_SECONDS = _env["ADVISOR_SCRAPE_SECONDS"]
+# The GPU telemetry an evaluation averages (within the raw samples' retention).
+ADVISOR_TELEMETRY_SECONDS = _env["ADVISOR_TELEMETRY_SECONDS"]
+if ADVISOR_INTERVAL_SECONDS > 0:
+    CELERY_BEAT_SCHEDULE["diagnose-fleet"] = {
+        "task": "changes.tasks.diagnose_fleet",
+        "schedule": ADVISOR_INTERVAL_SECONDS,
+        # A sweep that could not start before the next is due is stale.
+        "options": {"expires": ADVISOR_INTERVAL_SECONDS},
+    }
 
 LOGGING = {
     "version": 1,
