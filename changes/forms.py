@@ -227,6 +227,20 @@ class ProposeForm(forms.Form):
             else BenchmarkRun.objects.none()
         )
 
+    def prefill(self, *, title: str, rationale: str, settings: dict) -> list[str]:
+        """Start from a suggested change (the advisor's "Propose this change"): its flag values
+        over the running config's, its title and rationale. Returns the suggested flags this
+        engine version has no field for: left out, for the page to say so."""
+        self.initial.update(title=title[: self.fields["title"].max_length], rationale=rationale)
+        missing = []
+        for dest, value in settings.items():
+            flag = self.flags.get(dest)
+            if flag is None or flag.secret:
+                missing.append(dest)
+                continue
+            self.initial[FLAG_PREFIX + dest] = _initial(flag, value)
+        return missing
+
     # --- the flag fields, as the template shows them ---------------------------------------
     def performance_fields(self):
         return [self[FLAG_PREFIX + d] for d, f in self.flags.items() if f.performance]

@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import include, path
 
 from changes import views
 
@@ -24,4 +24,5 @@ urlpatterns = [
     path("configs/", views.all_configs, name="all_configs"),
     path("configs/<int:pk>/rollback/", views.propose_rollback, name="propose_rollback"),
     path("deployments/<int:pk>/configs/", views.deployment_configs, name="configs"),
+    path("advisor/", include("changes.views_advisor")),
 ]

@@ -14,6 +14,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 
+from changes import views_advisor
 from changes.choices import LOCK_STATES, ChangeKind, Decision
 from changes.forms import ChangeFilterForm, CommentForm, ProposeForm, RollbackForm
 from changes.models import ChangeRequest
@@ -78,6 +79,8 @@ def change_new(request):
         )
         return render(request, "changes/change_pick.html", {"deployments": deployments})
     form = ProposeForm(deployment, request.POST or None)
+    if request.method != "POST":
+        views_advisor.prefill_from_finding(request, form)  # "Propose this change" (?finding=N)
     if request.method == "POST" and form.is_valid():
         try:
             change = review.propose_change(

@@ -7,6 +7,7 @@ from django.db.models import Count, Sum
 from django.shortcuts import render
 
 from benchmarks.models import BenchmarkRun
+from changes.views_advisor import fleet_context
 from controlpanel.models import AuditEntry
 from hosts.models import Deployment, Gpu, Host, HostCheck
 
@@ -56,5 +57,6 @@ def dashboard(request):
         "recent_checks": HostCheck.objects.select_related("host")[:5],
         "recent_audit": AuditEntry.objects.all()[:8],
         "chart": _memory_chart(hosts),
+        **fleet_context(),
     }
     return render(request, "home/dashboard.html", context)

@@ -73,6 +73,10 @@ MATRIX = [
     ("changes:all_configs", "get", ALL),
     ("changes:configs", "get", ALL),
     ("changes:propose_rollback", "post", OPERATORS),
+    ("changes:advisor_deployment", "get", ALL),
+    ("changes:advisor_run", "get", ALL),
+    ("changes:advisor_fleet", "get", ALL),
+    ("changes:advisor_dismiss", "post", OPERATORS),
     ("cost", "get", ALL),
 ]
 # Public on purpose, or Django's own account views, which every logged-in user may use.
@@ -120,6 +124,9 @@ ARGS = {
     "changes:rollback": lambda o: [_change(o)],
     "changes:configs": lambda o: [o["deployment"]],
     "changes:propose_rollback": lambda o: [_config(o)],
+    "changes:advisor_deployment": lambda o: [o["deployment"]],
+    "changes:advisor_run": lambda o: [o["benchmarks"]],
+    "changes:advisor_dismiss": lambda o: [_finding(o)],
 }
 
 
@@ -137,6 +144,18 @@ def _change(o) -> int:
         },
     )
     return change.pk
+
+
+def _finding(o) -> int:
+    """An active advisor finding on the deployment (a POST without a reason leaves it so)."""
+    from changes.models import Finding
+
+    finding, _ = Finding.objects.get_or_create(
+        deployment_id=o["deployment"],
+        rule="queue-bound",
+        defaults={"severity": "warning", "title": "Requests wait", "seen": "…", "why": "…"},
+    )
+    return finding.pk
 
 
 def _import_job(o) -> int:
