@@ -172,6 +172,11 @@ def prefill_from_finding(request, form) -> Finding | None:
     missing = form.prefill(
         title=finding.title, rationale=proposal_rationale(finding), settings=settings
     )
+    messages.info(
+        request,
+        f"Pre-filled from advisor finding #{finding.pk} ({finding.rule}): {finding.title}. "
+        "The preview shows the predicted impact.",
+    )
     if missing:
         messages.warning(
             request,

@@ -277,3 +277,18 @@ def test_dashboard_queries_do_not_grow_with_findings(client, viewer, deployment)
         response = client.get(reverse("dashboard"))
     assert len(response.context["findings"]) == 13
     assert len(many.captured_queries) == len(one.captured_queries)
+
+
+def test_propose_says_where_it_came_from_and_leaves_out_an_unknown_flag(
+    client, operator, deployment
+):
+    f = finding(
+        deployment, suggestion={"settings": {"max_num_seqs": 8, "no_such_flag": 1}, "action": ""}
+    )
+    client.force_login(operator)
+    url = f"{reverse('changes:new')}?deployment={deployment.pk}&finding={f.pk}"
+    response = client.get(url)
+    assert response.context["form"]["flag_max_num_seqs"].value() == 8
+    shown = [str(m) for m in get_messages(response.wsgi_request)]
+    assert any(f"Pre-filled from advisor finding #{f.pk} (queue-bound)" in m for m in shown)
+    assert any("no field for no_such_flag" in m for m in shown)
