@@ -23,6 +23,26 @@ from hosts.simulator.predict import Workload, predict
 
 NAMES = sorted(SCENARIOS)
 
+# Mismatches that are findings about a rule, not about the scenario (see the README's matrix).
+# strict: when the rule changes and the case passes, the mark must go.
+KNOWN_MISSES = {
+    "cpu-starved": "cpu-bound needs GPU utilisation < 40 % and >= 1 request waiting in the "
+    "engine's queue; a host saturated with 8 ms of stall per step shows 65 % and 0.7 waiting "
+    "(under a closed-loop load below max_num_seqs the wait is in front of the engine)",
+}
+KNOWN_LOUD = {
+    "healthy": "tail-growth reads the stage start as load: the load generator sends all 48 "
+    "peak clients at once, so the first wave queues for prefill (p99 TTFT 1.18 s with it, "
+    "0.14 s without the first 48 requests; p50 54 ms)",
+}
+
+
+def cases(names, known):
+    return [
+        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=known[n])) if n in known else n
+        for n in names
+    ]
+
 
 def raised(name: str) -> dict[str, set[str]]:
     """rule id → severities it raised for the scenario."""
@@ -39,7 +59,7 @@ def findings_text(name: str) -> str:
     )
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", cases(NAMES, KNOWN_MISSES))
 def test_scenario_raises_what_it_shows(name):
     missed = SCENARIOS[name].expect - set(raised(name))
     assert not missed, f"{name}: expected {sorted(missed)}; raised:\n{findings_text(name)}"
@@ -51,7 +71,7 @@ def test_scenario_raises_nothing_it_gives_no_reason_for(name):
     assert not wrong, f"{name}: must not raise {sorted(wrong)}; raised:\n{findings_text(name)}"
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if SCENARIOS[n].quiet])
+@pytest.mark.parametrize("name", cases([n for n in NAMES if SCENARIOS[n].quiet], KNOWN_LOUD))
 def test_healthy_is_quiet(name):
     loud = {
         rule: severities & SCENARIOS[name].quiet
