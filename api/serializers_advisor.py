@@ -26,7 +26,8 @@ class FindingSerializer(serializers.Serializer):
     host_name = serializers.CharField(source="deployment.host.name")
     rule = serializers.CharField(help_text="The rule's stable id, e.g. queue-bound.")
     severity = serializers.ChoiceField(choices=Severity.choices)
-    state = serializers.ChoiceField(choices=["active", "dismissed", "cleared"])
+    # Text, not an enum: "state" names the change requests' enum in the schema already.
+    state = serializers.CharField(help_text="active, dismissed (still seen) or cleared.")
     title = serializers.CharField()
     seen = serializers.CharField(help_text="The numbers seen, with the window they cover.")
     why = serializers.CharField(help_text="Why it matters.")

@@ -51,9 +51,7 @@ def diagnosis_data(deployment: Deployment) -> dict:
         "evaluated_at": status.get("evaluated_at"),
         "engine_status": status.get("engine_status") or "unknown",
         "engine_error": status.get("engine_error") or "",
-        "findings": FindingSerializer(
-            findings_query().filter(deployment=deployment).active().worst_first(), many=True
-        ).data,
+        "findings": list(findings_query().filter(deployment=deployment).active().worst_first()),
     }
 
 

@@ -19,6 +19,7 @@ from openapi_core import OpenAPI
 from openapi_core.testing import MockRequest, MockResponse
 
 from benchmarks.models import Price
+from changes.models import Finding
 from changes.services import review
 from controlpanel.services import audit
 from tests.factories import (
@@ -70,6 +71,17 @@ def world(admin, operator):
         rationale="KV preemptions at peak.",
     )
     entry = audit(admin, "test.walk", host, after={"name": host.name})
+    # An advisor finding, so the diagnosis and the findings list answer with one.
+    Finding.objects.create(
+        deployment=deployment,
+        rule="queue-bound",
+        severity="warning",
+        title="Requests wait",
+        seen="12 waiting",
+        why="why",
+        evidence={"waiting_mean": 12},
+        suggestion={"settings": {"max_num_seqs": 64}, "action": ""},
+    )
     return {
         "hosts": host.pk,
         "deployments": deployment.pk,

@@ -172,11 +172,7 @@ def test_the_beat_sweep_skips_offline_hosts_and_survives_a_failure(deployment, m
 
     monkeypatch.setattr(diagnosis, "gather", gather)
     SEEN[:] = [found()]
-    result = (
-        tasks.diagnose_fleet.run()
-        if hasattr(tasks.diagnose_fleet, "run")
-        else tasks.diagnose_fleet()
-    )
+    result = tasks.diagnose_fleet()
     assert result["failed"] == [str(broken)] and result["evaluated"] == 1
     assert ASKED == [str(deployment)]
     assert Finding.objects.filter(deployment=deployment).exists()
