@@ -303,3 +303,21 @@ def test_sglang_without_metrics_says_so_without_asking():
     d.save()
     window, why = diagnosis_facts.scrape_engine(d, 0.1)
     assert window is None and "--enable-metrics" in why
+
+
+def test_the_registered_rules_read_a_gathered_snapshot(deployment):
+    """The contract between the two halves: whatever rules are registered run on what the
+    panel gathers (every fact type filled in) without tripping over a missing or odd one."""
+    from changes.advisor.engine import evaluate
+
+    logged_run(
+        deployment,
+        engine_config=deployment.active_config,
+        summary={"errors_by_class": {"HTTP_4XX": 10}, "warmup_requests": 0},
+        stages={"peak": {"completed": 90, "failed": 10, "p95_ttft_ms": 2500.0}},
+        server={"available": True, "server_mean_queue_ms": 1800.0, "kv_cache_usage_max": 0.4},
+    )
+    snap = diagnosis.snapshot(deployment, live=False)
+    for finding in evaluate(snap):
+        assert finding.rule and finding.severity in ("critical", "warning", "info")
+        assert finding.as_dict()["title"]
