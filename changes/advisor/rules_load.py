@@ -162,8 +162,8 @@ def _queue_finding(s: Snapshot, w: EngineWindow, seqs_flag: str) -> Finding | No
             settings=settings,
             action=(
                 f"Raise {seqs_flag} from {cap} to {new}: the peak of running + waiting "
-                f"({text.num(peak)}) rounded up to a power of two is {want}, bounded by what "
-                f"the KV cache holds ({bound})."
+                f"({text.num(peak)}) rounded up to a power of two is {want}, bounded by the KV "
+                f"cache ({bound})."
             ),
         ),
     )

@@ -9,11 +9,9 @@ from changes.advisor.facts import EngineWindow
 
 
 def pct(share: float) -> str:
-    """A 0-1 share as a percentage: 0.314 → "31 %", 0.0042 → "0.4 %"."""
-    value = share * 100
-    if value and abs(value) < 1:
-        return f"{value:.1f} %"
-    return f"{value:.0f} %"
+    """A 0-1 share as a percentage with at most one decimal: 0.275 → "27.5 %", 0.45 → "45 %",
+    0.0042 → "0.4 %"."""
+    return f"{share * 100:.1f}".rstrip("0").rstrip(".") + " %"
 
 
 def ms(value: float) -> str:
