@@ -3,7 +3,7 @@
 from django.urls import path, re_path
 
 from benchmarks.consumers import RunConsumer
-from changes.consumers import ChangeConsumer
+from changes.consumers import ChangeConsumer, DeploymentAdvisorConsumer, FleetAdvisorConsumer
 from controlpanel.consumers import NoRouteConsumer
 from hosts.consumers import HostConsumer
 
@@ -11,6 +11,8 @@ websocket_urlpatterns = [
     path("ws/hosts/<int:pk>/", HostConsumer.as_asgi()),
     path("ws/benchmarks/<int:pk>/", RunConsumer.as_asgi()),
     path("ws/changes/<int:pk>/", ChangeConsumer.as_asgi()),
+    path("ws/deployments/<int:pk>/", DeploymentAdvisorConsumer.as_asgi()),
+    path("ws/advisor/", FleetAdvisorConsumer.as_asgi(), {"pk": "fleet"}),
     # Last: any other path (a bad id such as /ws/hosts/abc/) is refused instead of raising.
     re_path(r"", NoRouteConsumer.as_asgi()),
 ]
