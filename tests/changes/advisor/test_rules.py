@@ -118,7 +118,7 @@ def test_evaluate_only():
 
 def test_findings_serialise_and_are_complete():
     s = sick()
-    s = b.with_gpus(s, clock_events={"SwPowerCap": 0.5}, utilization_pct=90.0)
+    s = b.with_gpus(s, clock_events={"SwPowerCap": 0.5}, utilization_pct=90.0, sm_clock_mhz=1500.0)
     found = evaluate(s)
     assert len(found) >= 4
     for finding in found:

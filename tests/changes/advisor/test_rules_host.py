@@ -41,6 +41,7 @@ def test_gpu_throttled_by_heat_names_cooling():
         throttled({"Idle": 0.9, "ApplicationsClocksSetting": 1.0}),  # not throttling
         throttled({"SwPowerCap": 0.5}, util=None),  # utilisation unknown
         throttled({}),
+        b.with_gpus(throttled({"SwPowerCap": 0.5}), sm_clock_mhz=1790.0),  # 90.4 % of max
     ],
 )
 def test_gpu_throttled_near_misses_and_missing(s):
@@ -48,16 +49,16 @@ def test_gpu_throttled_near_misses_and_missing(s):
 
 
 # --- cpu-bound ---------------------------------------------------------------------------------
-def starved(load=96.0, util=20.0, waiting=8.0, queue_ms=400.0, cpu_pct=60.0):
+def starved(load=96.0, util=65.0, waiting=8.0, queue_ms=400.0, cpu_pct=60.0):
     s = b.with_gpus(b.healthy(), utilization_pct=util)
-    s = b.with_live(s, waiting_mean=waiting, waiting_max=12, queue_ms=queue_ms)
+    s = b.with_live(s, waiting_mean=0.7, waiting_max=waiting, queue_ms=queue_ms)
     return b.with_host(s, load_1m=load, cpu_util_pct=cpu_pct)
 
 
 def test_cpu_bound():
     f = one(starved(), "cpu-bound")
     assert f.severity == WARNING and "dedicated" in f.suggestion.action
-    assert "GPU utilisation averaged 20 % while 8 requests waited" in f.seen
+    assert "GPU utilisation averaged 65 % while up to 8 requests waited" in f.seen
     assert "over the last 60 s (live)" in f.seen
     assert "load 96.0 on 64 CPUs (1.5 per CPU)" in f.seen and "16 CPUs" in f.seen
 
@@ -71,8 +72,8 @@ def test_cpu_bound_by_utilisation_and_critical_queue():
     "s",
     [
         starved(load=63.0),  # under one task per CPU
-        starved(util=40.0),  # the GPU is working
-        starved(waiting=0.9),  # no real queue
+        starved(util=75.0),  # the GPU is working
+        starved(waiting=0),  # nothing waited
         replace(starved(), host=None),
         b.with_live(starved(), source="run 12"),  # a run's window, not now
         b.with_gpus(starved(), utilization_pct=None),
@@ -97,10 +98,12 @@ def test_numa_mismatch_by_cpus():
 
 def test_numa_mismatch_by_node_and_with_the_load_it_causes():
     s = b.with_host(b.with_config(b.healthy(), cpus=None, numa_node=1), numa_cpus={})
-    s = b.with_live(b.with_gpus(s, utilization_pct=25.0), waiting_mean=5.0)
+    s = b.with_live(b.with_gpus(s, utilization_pct=25.0), waiting_max=5)
     f = one(s, "numa-mismatch")
     assert "pinned to node 1, not that node" in f.seen
-    assert "GPU utilisation averaged 25 % while 5 requests waited over the last 60 s" in f.seen
+    assert (
+        "GPU utilisation averaged 25 % while up to 5 requests waited over the last 60 s" in f.seen
+    )
 
 
 @pytest.mark.parametrize(

@@ -261,8 +261,8 @@ def test_prefix_cache_near_misses_and_missing():
 
 
 # --- tail-growth -------------------------------------------------------------------------------
-def tail(p99=1000.0, **kw):
-    stages = (*b.STAGES[:2], b.stage("peak", 64, ttft_p50_ms=250.0, ttft_p99_ms=p99))
+def tail(p99=2400.0, p50=600.0, **kw):
+    stages = (*b.STAGES[:2], b.stage("peak", 64, ttft_p50_ms=p50, ttft_p99_ms=p99))
     return b.with_config(b.with_run(b.healthy(), stages=stages), **kw)
 
 
@@ -270,12 +270,23 @@ def test_tail_growth():
     f = one(tail(), "tail-growth")
     assert f.severity == WARNING and not f.suggestion.settings
     assert "1.8× (p50 100 ms, p99 180 ms) at stage low" in f.seen
-    assert "4.0× (p50 250 ms, p99 1.0 s) at stage peak" in f.seen and "run 12" in f.seen
+    assert "4.0× (p50 600 ms, p99 2.4 s) at stage peak" in f.seen and "run 12" in f.seen
 
 
 def test_tail_growth_orders_stages_by_load():
     f = one(b.with_run(tail(), stages=tuple(reversed(tail().runs[0].stages))), "tail-growth")
     assert f.evidence["high_ratio"] == 4.0
+
+
+def test_tail_growth_orders_rate_driven_stages_by_rate():
+    """A rate-driven stage's concurrency is only its cap: the rate is the load."""
+    loads = {"low": (2.0, 64), "normal": (5.0, 16), "peak": (8.0, 1)}
+    stages = tuple(
+        replace(st, request_rate=loads[st.name][0], concurrency=loads[st.name][1])
+        for st in tail().runs[0].stages
+    )
+    f = one(b.with_run(tail(), stages=stages), "tail-growth")
+    assert [st["name"] for st in f.evidence["stages"]] == ["low", "normal", "peak"]
 
 
 def test_tail_growth_without_chunked_prefill():
@@ -284,8 +295,12 @@ def test_tail_growth_without_chunked_prefill():
 
 
 def test_tail_growth_near_misses_and_missing():
-    assert none(tail(p99=725.0), "tail-growth")  # 2.9×
-    stages = (b.stage("low", 1, ttft_p99_ms=300.0), b.stage("peak", 64, ttft_p99_ms=400.0))
+    assert none(tail(p99=1740.0), "tail-growth")  # 2.9×
+    assert none(tail(p99=1999.0, p50=250.0), "tail-growth")  # 8×, but p99 under 2 s
+    stages = (
+        b.stage("low", 1, ttft_p50_ms=1000.0, ttft_p99_ms=3000.0),
+        b.stage("peak", 64, ttft_p50_ms=1000.0, ttft_p99_ms=4000.0),
+    )
     assert none(b.with_run(b.healthy(), stages=stages), "tail-growth")  # 3× → 4×: not grown
     assert none(b.with_run(tail(), stages=tail().runs[0].stages[-1:]), "tail-growth")
     assert none(b.with_run(tail(), config_current=False), "tail-growth")
