@@ -92,8 +92,14 @@ def length_rejections(s: Snapshot) -> Iterator[Finding]:
             if needed >= (p99 or 0)
             else f"the run's p99 prompt + output is {text.tokens(p99)}"
         )
+        settings = {context_flag: new}
+        batched = s.config.max_num_batched_tokens
+        if s.config.engine == "vllm" and s.config.chunked_prefill is False and batched:
+            if batched < new:
+                # Unchunked, vLLM refuses a step budget under the context (vllm.py check).
+                settings["max_num_batched_tokens"] = new
         suggestion = Suggestion(
-            settings={context_flag: new},
+            settings=settings,
             action=(
                 f"Raise {context_flag} from {current:,} to {new:,} ({how}, rounded up to a "
                 "power of two), if the model supports that length; longer contexts take more "

@@ -43,6 +43,14 @@ def test_length_rejections_critical_with_the_needed_length():
     assert f.evidence["longest_needed"] == 9001 and f.source == "run 12"
 
 
+def test_length_rejections_keeps_an_unchunked_budget_above_the_context():
+    s = b.with_config(refused(), chunked_prefill=False, max_num_batched_tokens=8192)
+    assert dict(one(s, "length-rejections").suggestion.settings) == {
+        "max_model_len": 16384,
+        "max_num_batched_tokens": 16384,
+    }
+
+
 def test_length_rejections_reads_max_tokens_refusals():
     f = one(refused(message=VLLM_MAX_TOKENS), "length-rejections")
     assert f.evidence["longest_needed"] == 9000
