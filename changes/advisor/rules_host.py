@@ -216,7 +216,7 @@ def numa_mismatch(s: Snapshot) -> Iterator[Finding]:
     local_cpus = sorted(c for node in gpu_nodes for c in numa_cpus.get(node, ()))
     if cpus and local_cpus:
         local = len(set(cpus) & set(local_cpus)) / len(cpus)
-        placed = f"{local:.0%} of the engine's {len(cpus)} CPUs are on"
+        placed = f"{text.pct(local)} of the engine's {len(cpus)} CPUs are on"
     elif s.config.numa_node is not None:
         local = 1.0 if s.config.numa_node in gpu_nodes else 0.0
         placed = f"the engine is pinned to node {s.config.numa_node}, not"

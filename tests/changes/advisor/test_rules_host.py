@@ -91,7 +91,7 @@ def off_node(cpus=tuple(range(32, 48))):
 def test_numa_mismatch_by_cpus():
     f = one(off_node(), "numa-mismatch")
     assert f.severity == WARNING and not f.suggestion.settings
-    assert "NUMA node 0; 0% of the engine's 16 CPUs are on that node" in f.seen
+    assert "NUMA node 0; 0 % of the engine's 16 CPUs are on that node" in f.seen
     assert "node 0 (CPUs 0-31)" in f.suggestion.action
     assert f.evidence["local_share"] == 0.0
 
