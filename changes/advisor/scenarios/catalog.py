@@ -367,7 +367,8 @@ SCENARIOS: dict[str, Scenario] = {
     ),
     "l4-single-stream": _s(
         single_stream_slow_gpu,
-        expect=("decode-bound",),
+        # The 8,192-token context against a p99 of 712 tokens: true, and only advice (info).
+        expect=("decode-bound", "max-model-len-oversized"),
         must_not=("queue-bound", "prefill-bound", "tp-unneeded", "prefix-cache"),
     ),
     "cpu-starved": _s(
@@ -379,7 +380,11 @@ SCENARIOS: dict[str, Scenario] = {
         warmup_included, expect=("warmup-included",), must_not=("kv-bound", "queue-bound")
     ),
     "bursty-tail": _s(
-        bursty_overload, expect=("tail-growth",), must_not=("kv-bound", "no-memory-headroom")
+        bursty_overload,
+        # 32 of 32 sequences running with 3.3 waiting on average and KV at 8 %: a true
+        # queue-bound finding beside the tail.
+        expect=("tail-growth", "queue-bound"),
+        must_not=("kv-bound", "no-memory-headroom"),
     ),
     "profile-unlike-traffic": _s(
         profile_unlike_traffic,
