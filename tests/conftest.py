@@ -62,6 +62,22 @@ def listener():
 
 
 @pytest.fixture(autouse=True)
+def _no_state_from_other_tests():
+    """Each test starts with an empty cache (the tests' cache is always local memory: the
+    test settings never name Redis for it) and with no run facts the advisor kept from
+    another test's rows, whose ids the next test's rows reuse."""
+    from django.conf import settings
+    from django.core.cache import cache
+
+    from changes.services import diagnosis_facts
+
+    if settings.CACHES["default"]["BACKEND"].endswith("LocMemCache"):
+        cache.clear()
+    diagnosis_facts.clear_caches()
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _plain_static_storage(settings):
     """Pages render without a collectstatic run (the manifest storage needs one)."""
     settings.STORAGES = {
