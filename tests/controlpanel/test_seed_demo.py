@@ -34,7 +34,10 @@ def test_seed_creates_logins_and_fleet(monkeypatch, settings, tmp_path):
     assert get_user_model().objects.get(username="admin").is_superuser
     assert Host.objects.count() == 2
     llama = Deployment.objects.get(name="llama-8b")
-    assert llama.active_config.version == 2 and llama.configs.count() == 2
+    assert llama.active_config.version == 3 and llama.configs.count() == 3
+    # The running config caps the batch at 32: the bottleneck the advisor finds at peak.
+    assert llama.active_config.settings["max_num_seqs"] == 32
+    assert llama.active_config.note.startswith("demo: cap the batch")
     assert llama.runner == "simulator" and llama.simulator["gpu"] == "h100-sxm"
     # The demo hosts carry the tokens of the local demo agents (encrypted at rest).
     host = Host.objects.get(name="sim-h100-01")

@@ -101,11 +101,9 @@ class Command(BaseCommand):
             status=DeploymentStatus.UNKNOWN,
         )
         for number, engine_settings in enumerate(spec.versions, start=1):
-            config = EngineConfig.objects.create_next(
-                deployment,
-                engine_settings,
-                note="demo: initial settings" if number == 1 else "demo: larger batches",
-            )
+            note = spec.notes[number - 1] if number <= len(spec.notes) else "demo: settings"
+            note = "demo: initial settings" if number == 1 and not spec.notes else note
+            config = EngineConfig.objects.create_next(deployment, engine_settings, note=note)
         deployment.active_config = config
         deployment.save(update_fields=["active_config"])
         return deployment
