@@ -292,3 +292,60 @@ def test_propose_says_where_it_came_from_and_leaves_out_an_unknown_flag(
     shown = [str(m) for m in get_messages(response.wsgi_request)]
     assert any(f"Pre-filled from advisor finding #{f.pk} (queue-bound)" in m for m in shown)
     assert any("no field for no_such_flag" in m for m in shown)
+
+
+def _profile_with_slo(slo):
+    from tests.factories import make_profile
+
+    return make_profile(
+        "chat-slo",
+        {"stages": [{"name": "peak", "concurrency": 48, "num_requests": 96}], "slo": slo},
+    )
+
+
+def test_a_larger_batch_is_verified_under_its_runs_load_with_itl_bounded_by_the_slo(
+    client, operator, deployment
+):
+    """Raising max_num_seqs trades ITL for queue wait: the verification uses the run's own
+    profile and lets ITL p95 rise to the profile's TPOT SLO, and the rationale says so."""
+    profile = _profile_with_slo({"ttft": 500, "tpot": 50})
+    run = make_finished_run(deployment, load_profile=profile, itl_p95_ms=20.0)
+    f = finding(deployment, source=f"run {run.pk}")
+    client.force_login(operator)
+    url = f"{reverse('changes:new')}?deployment={deployment.pk}&finding={f.pk}"
+    form = client.get(url).context["form"]
+    assert form["verify_profile"].value() == profile.pk
+    assert form["max_itl_p95_regression"].value() == 150  # 50 / 20 - 1
+    rationale = form["rationale"].value()
+    assert "+150 %" in rationale and "TPOT SLO (50 ms)" in rationale
+    assert "the load it was seen under" in rationale
+
+
+def test_without_an_slo_the_itl_limit_stays_and_the_reviewer_is_told(client, operator, deployment):
+    profile = _profile_with_slo({})
+    run = make_finished_run(deployment, load_profile=profile, itl_p95_ms=20.0)
+    f = finding(deployment, source=f"run {run.pk}")
+    client.force_login(operator)
+    url = f"{reverse('changes:new')}?deployment={deployment.pk}&finding={f.pk}"
+    form = client.get(url).context["form"]
+    assert form["max_itl_p95_regression"].value() == 20
+    assert "raise it to what your users accept" in form["rationale"].value()
+
+
+def test_a_change_that_does_not_grow_the_batch_keeps_the_default_limits(
+    client, operator, deployment
+):
+    profile = _profile_with_slo({"tpot": 50})
+    run = make_finished_run(deployment, load_profile=profile, itl_p95_ms=20.0)
+    f = finding(
+        deployment,
+        rule="max-model-len-oversized",
+        source=f"run {run.pk}",
+        suggestion={"settings": {"max_model_len": 4096}, "action": ""},
+    )
+    client.force_login(operator)
+    url = f"{reverse('changes:new')}?deployment={deployment.pk}&finding={f.pk}"
+    form = client.get(url).context["form"]
+    assert form["verify_profile"].value() == profile.pk
+    assert form["max_itl_p95_regression"].value() == 20
+    assert "inter-token" not in form["rationale"].value()
