@@ -46,6 +46,13 @@ def _advisor(page, panel, ids):
     page.goto(f"{panel.url}/hosts/{ids['host']}/")
     section = page.locator(f"#advisor-{ids['deployment']}")
     try:
+        # The section is fetched on load and again when its socket opens (live.js refreshes
+        # what it may have missed): interact only after that second swap, or an open
+        # "Dismiss…" form is replaced under the test's hands.
+        page.wait_for_selector(
+            f"#advisor-{ids['deployment']}[data-live-connected=true]", timeout=20000
+        )
+        page.wait_for_load_state("networkidle")
         section.locator(f"[data-finding='{ids['config']}']").wait_for(timeout=20000)
     except Exception:
         raise panel.failure(page, "the Advisor section did not show the finding") from None
