@@ -159,11 +159,21 @@ class ChangeLockSerializer(serializers.Serializer):
     state = serializers.CharField()
 
 
+class ChangeFindingRefSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    rule = serializers.CharField()
+    title = serializers.CharField()
+    severity = serializers.CharField()
+
+
 class ChangeDetailSerializer(ChangeItemSerializer):
     """Everything the change's page shows. Built by ``api.views.changes`` with the parts that
     take queries of their own (timeline, lock, the caller's actions) in the context."""
 
     verify_profile = ChangeProfileRefSerializer(allow_null=True)
+    finding = ChangeFindingRefSerializer(
+        allow_null=True, help_text="The advisor finding this change answers, if any."
+    )
     baseline_run_id = serializers.IntegerField(allow_null=True)
     verification_run_id = serializers.IntegerField(allow_null=True)
     base_config = ChangeConfigRefSerializer(allow_null=True)
@@ -200,6 +210,7 @@ class ChangeDetailSerializer(ChangeItemSerializer):
             "window_start",
             "window_end",
             "verify_profile",
+            "finding",
             "baseline_run_id",
             "verification_run_id",
             *THRESHOLDS,
@@ -373,6 +384,12 @@ class ChangeProposeSerializer(StrictSerializerMixin, serializers.Serializer):
     )
     window_start = serializers.DateTimeField(required=False, allow_null=True)
     window_end = serializers.DateTimeField(required=False, allow_null=True)
+    finding = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        help_text="The advisor finding this change answers (one of the deployment's): "
+        "reviewers see it beside the rationale.",
+    )
     submit = serializers.BooleanField(
         default=True, help_text="true: pending review (the page's Submit); false: a draft."
     )

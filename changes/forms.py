@@ -183,6 +183,10 @@ class ProposeForm(forms.Form):
     max_itl_p95_regression = forms.FloatField(
         min_value=0, initial=20, label="Max ITL p95 regression (%)"
     )
+    # "Propose this change": the advisor finding the proposal answers (one of this deployment).
+    finding = forms.ModelChoiceField(
+        queryset=None, required=False, widget=forms.HiddenInput, label="Advisor finding"
+    )
     window_start = forms.DateTimeField(
         required=False, label="Maintenance window from", widget=DATETIME_LOCAL
     )
@@ -191,6 +195,9 @@ class ProposeForm(forms.Form):
     def __init__(self, deployment: Deployment, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.deployment = deployment
+        from changes.models import Finding
+
+        self.fields["finding"].queryset = Finding.objects.filter(deployment=deployment)
         running = deployment.active_config
         self.running = dict(running.settings) if running else {}
         self.version_problem = ""
@@ -316,6 +323,7 @@ class ProposeForm(forms.Form):
                 "max_itl_p95_regression": data["max_itl_p95_regression"] / 100,
             },
             "window": (data.get("window_start"), data.get("window_end")),
+            "finding": data.get("finding"),
         }
 
 

@@ -112,6 +112,14 @@ class ChangeRequest(models.Model):
         related_name="+",
         help_text="Rollback changes: the earlier version to go back to.",
     )
+    finding = models.ForeignKey(
+        "changes.Finding",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="proposals",
+        help_text='The advisor finding this change answers (its "Propose this change").',
+    )
     settings = models.JSONField(default=dict, blank=True, help_text="Proposed engine settings.")
     env = models.JSONField(default=dict, blank=True)
     placement = models.JSONField(default=dict, blank=True)

@@ -229,6 +229,7 @@ def prefill_from_finding(request, form) -> Finding | None:
     notes = _verification_from_run(form, finding, settings)
     rationale = proposal_rationale(finding) + "".join(f"\n{line}" for line in notes)
     missing = form.prefill(title=finding.title, rationale=rationale, settings=settings)
+    form.initial["finding"] = finding.pk
     messages.info(
         request,
         f"Pre-filled from advisor finding #{finding.pk} ({finding.rule}): {finding.title}. "

@@ -155,7 +155,7 @@ class ChangeViewSet(TokenAuditMixin, viewsets.GenericViewSet):
     serializer_class = ChangeDetailSerializer
     lookup_value_regex = r"\d+"
     queryset = ChangeRequest.objects.select_related(
-        *DETAIL_SELECT, "snapshot_config", "applied_by"
+        *DETAIL_SELECT, "snapshot_config", "applied_by", "finding"
     ).prefetch_related(Prefetch("approvals", queryset=Approval.objects.order_by("created_at")))
 
     # --- reading ---------------------------------------------------------------------------

@@ -40,9 +40,13 @@ def propose_change(
     submit: bool = True,
     kind: str = ChangeKind.SETTINGS,
     target_config: EngineConfig | None = None,
+    finding=None,
 ) -> ChangeRequest:
     """Record a proposed change against the deployment's running config (draft, or pending
-    review when ``submit``). Settings are validated against the engine's flag spec first."""
+    review when ``submit``). Settings are validated against the engine's flag spec first.
+    ``finding``: the advisor finding it answers (of this deployment), shown to reviewers."""
+    if finding is not None and finding.deployment_id != deployment.pk:
+        raise ChangeRefused("That advisor finding is about another deployment.")
     proposal = validate_proposal(deployment, settings, env or {}, placement or {})
     base = deployment.active_config
     facts = review_facts(deployment, base, proposal, verify_profile)
@@ -52,6 +56,7 @@ def propose_change(
     with transaction.atomic():
         change = ChangeRequest.objects.create(
             deployment=deployment,
+            finding=finding,
             kind=kind,
             title=title,
             rationale=rationale,

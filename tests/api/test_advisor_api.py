@@ -147,3 +147,30 @@ def test_dismissing(fleet, operator, token_for):
         api.post("/api/v1/findings/999999/dismiss/", {"reason": "x"}, format="json").status_code
         == 404
     )
+
+
+def test_a_proposal_through_the_api_carries_its_finding(operator, token_for):
+    from tests.factories import make_config
+
+    deployment = make_deployment(make_host(name="gpu-c"), name="chat")
+    deployment.active_config = make_config(deployment, {"max_num_seqs": 32})
+    deployment.save()
+    found = finding(deployment, "queue-bound")
+    other = finding(make_deployment(make_host(name="gpu-d"), name="x"), "queue-bound")
+    api = token_for(operator)
+    body = {
+        "deployment": deployment.pk,
+        "title": "More sequences",
+        "rationale": "Queue-bound at peak.",
+        "settings": {"max_num_seqs": 64},
+    }
+    refused = api.post("/api/v1/changes/", {**body, "finding": other.pk}, format="json")
+    assert refused.status_code == 400 and "finding" in refused.json()["errors"]
+    made = api.post("/api/v1/changes/", {**body, "finding": found.pk}, format="json")
+    assert made.status_code == 201, made.content
+    assert made.json()["finding"] == {
+        "id": found.pk,
+        "rule": "queue-bound",
+        "title": "queue-bound title",
+        "severity": "warning",
+    }

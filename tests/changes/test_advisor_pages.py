@@ -349,3 +349,35 @@ def test_a_change_that_does_not_grow_the_batch_keeps_the_default_limits(
     assert form["verify_profile"].value() == profile.pk
     assert form["max_itl_p95_regression"].value() == 20
     assert "inter-token" not in form["rationale"].value()
+
+
+def test_the_proposal_carries_its_finding_to_the_reviewer(client, operator, deployment):
+    f = finding(deployment)
+    client.force_login(operator)
+    url = f"{reverse('changes:new')}?deployment={deployment.pk}&finding={f.pk}"
+    form = client.get(url).context["form"]
+    assert form["finding"].value() == f.pk
+    data = {name: form[name].value() for name in form.fields}
+    data = {k: "" if v is None else v for k, v in data.items()}
+    data["action"] = "draft"
+    client.post(f"{reverse('changes:new')}?deployment={deployment.pk}", data)
+    change = ChangeRequest.objects.get(deployment=deployment)
+    assert change.finding == f
+    page = client.get(reverse("changes:detail", args=[change.pk])).content.decode()
+    assert "Answers advisor finding" in page and f.seen in page
+
+
+def test_a_finding_of_another_deployment_cannot_be_attached(client, operator, deployment):
+    other = make_deployment(deployment.host, name="other")
+    other.active_config = make_config(other, dict(RUNNING))
+    other.save()
+    f = finding(other)
+    client.force_login(operator)
+    form = client.get(f"{reverse('changes:new')}?deployment={deployment.pk}").context["form"]
+    data = {name: form[name].value() for name in form.fields}
+    data = {k: "" if v is None else v for k, v in data.items()}
+    data.update(action="draft", finding=f.pk, title="t", rationale="r")
+    data["flag_max_num_seqs"] = 8
+    response = client.post(f"{reverse('changes:new')}?deployment={deployment.pk}", data)
+    assert response.status_code == 200  # the form refuses it: not one of this deployment's
+    assert not ChangeRequest.objects.exists()
