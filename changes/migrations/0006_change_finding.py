@@ -5,15 +5,21 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('changes', '0005_finding'),
+        ("changes", "0005_finding"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='changerequest',
-            name='finding',
-            field=models.ForeignKey(blank=True, help_text='The advisor finding this change answers (its "Propose this change").', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='proposals', to='changes.finding'),
+            model_name="changerequest",
+            name="finding",
+            field=models.ForeignKey(
+                blank=True,
+                help_text='The advisor finding this change answers (its "Propose this change").',
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="proposals",
+                to="changes.finding",
+            ),
         ),
     ]
