@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port
+from tests.integration.demo import demo_env
 from tests.integration.processes import ROOT, Process
 
 CHROMIUM_ARGS = [
@@ -108,38 +107,12 @@ class Panel:
         )
 
 
-def free_fleet_ports() -> int:
-    """A base port for the demo fleet: its agents use base, base+1, engines base+100, +101."""
-    for _ in range(50):
-        base = random.randint(20000, 40000)
-        ports = (base, base + 1, base + 100, base + 101)
-        try:
-            for p in ports:
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return base
-    raise AssertionError("no free ports for the demo fleet")
-
-
 @pytest.fixture
 def panel(tmp_path):
     """`make run` on a free port with its own var/ (SQLite, no Redis, no PostgreSQL)."""
     port = free_port()
     var_dir = tmp_path / "var"
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DEMO_PASSWORD", "STATIC_ROOT")
-    }
-    env.update(
-        {
-            "VAR_DIR": str(var_dir),
-            "HOST_CHECK_INTERVAL_SECONDS": "0",
-            "DEMO_FLEET_PORT": str(free_fleet_ports()),
-        }
-    )
+    env = demo_env(var_dir)
     venv = Path(sys.executable).parent.parent
     if shutil.which("make") and (venv / ".installed").exists():
         cmd = ["make", "--no-print-directory", "run", f"PORT={port}", f"VENV={venv}"]

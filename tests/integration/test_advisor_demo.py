@@ -17,17 +17,12 @@ About two minutes, most of it the two runs of the profile (a minute each on the 
 from __future__ import annotations
 
 import json
-import os
-import random
-import socket
-import subprocess
-import sys
 
 import httpx
 import pytest
 
-from tests.conftest import free_port
-from tests.integration.processes import ROOT, Process, wait_until
+from tests.integration import demo
+from tests.integration.processes import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -47,55 +42,14 @@ print(json.dumps({r.run_id: {"current": r.config_current,
 """
 
 
-def free_fleet_ports() -> int:
-    """A base port for the demo fleet: agents on base, base+1, engines on base+100, +101."""
-    for _ in range(50):
-        base = random.randint(20000, 40000)
-        try:
-            for port in (base, base + 1, base + 100, base + 101):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise AssertionError("no free ports for the demo fleet")
-
-
 @pytest.fixture
 def demo_panel(tmp_path):
     """`manage.py serve --demo` on free ports with its own var/; (url, env, process)."""
-    port = free_port()
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DEMO_PASSWORD", "STATIC_ROOT")
-    }
-    env.update(
-        {
-            "VAR_DIR": str(tmp_path / "var"),
-            "HOST_CHECK_INTERVAL_SECONDS": "0",
-            "DEMO_FLEET_PORT": str(free_fleet_ports()),
-        }
-    )
-    cmd = [sys.executable, "manage.py", "serve", "--demo", "--port", str(port)]
-    process = Process("panel", cmd, env, tmp_path)
-    try:
-        process.wait_for_output("Uvicorn running on", timeout=180)
-        yield f"http://127.0.0.1:{port}", env, process
-    finally:
-        process.stop()
+    with demo.demo_panel(tmp_path) as started:
+        yield started
 
 
-def manage(env, *args) -> str:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+manage = demo.manage
 
 
 def client(url: str, env, username: str) -> httpx.Client:
