@@ -243,3 +243,23 @@ def config_diff(runs: list[BenchmarkRun]) -> dict:
         # Config version always moves with the settings; count the settings themselves.
         "changes": changed + len(setting_rows),
     }
+
+
+def faster_than(run: BenchmarkRun, older: list[BenchmarkRun]) -> BenchmarkRun | None:
+    """The newest of ``older`` (newest first) that measured the same load (profile version)
+    on another config, if ``run`` beat it: TTFT p95 lower or output tok/s higher by more than
+    SAME_WITHIN. The advisor then asks what the speed cost in errors."""
+    for old in older:
+        if (
+            old.load_profile_id == run.load_profile_id
+            and old.engine_config_id != run.engine_config_id
+        ):
+            return old if _beats(run, old) else None
+    return None
+
+
+def _beats(run: BenchmarkRun, old: BenchmarkRun) -> bool:
+    ttft, old_ttft = run.ttft_p95_ms, old.ttft_p95_ms
+    rate, old_rate = run.output_tokens_per_s, old.output_tokens_per_s
+    quicker = bool(ttft and old_ttft and ttft < old_ttft * (1 - SAME_WITHIN))
+    return quicker or bool(rate and old_rate and rate > old_rate * (1 + SAME_WITHIN))

@@ -30,6 +30,7 @@ from benchmarks.choices import ProfileSource
 from benchmarks.loadgen import scrape
 from benchmarks.loadgen.stats import percentile
 from benchmarks.models import BenchmarkRun, RunPoint, RunRequestLog
+from benchmarks.services import compare
 from changes.advisor.facts import (
     ConfigFacts,
     EngineWindow,
@@ -490,7 +491,7 @@ def run_facts(deployment: Deployment, limit: int = RUNS) -> tuple[RunFacts, ...]
     gauges = _run_gauges([r.pk for r in runs])
     active = deployment.active_config_id
     out = []
-    for run in runs:
+    for i, run in enumerate(runs):
         spec = run.load_profile.spec if run.load_profile else {}
         lengths, messages = logs[run.pk]
         summary = run.summary or {}
@@ -520,6 +521,7 @@ def run_facts(deployment: Deployment, limit: int = RUNS) -> tuple[RunFacts, ...]
                 lengths=lengths,
                 server=_server_window(run, gauges.get(run.pk) or {}),
                 output_tokens_per_s=run.output_tokens_per_s,
+                faster_than=getattr(compare.faster_than(run, runs[i + 1 :]), "pk", None),
             )
         )
     return tuple(out)

@@ -17,7 +17,14 @@ from benchmarks.models import RunPoint, RunRequestLog
 from changes.services import diagnosis, diagnosis_facts
 from hosts.models import GpuSample
 from tests.conftest import free_port
-from tests.factories import make_config, make_deployment, make_finished_run, make_gpu, make_host
+from tests.factories import (
+    make_config,
+    make_deployment,
+    make_finished_run,
+    make_gpu,
+    make_host,
+    make_profile,
+)
 from tests.hosts.simulator.conftest import SimServer
 
 pytestmark = pytest.mark.django_db
@@ -321,3 +328,37 @@ def test_the_registered_rules_read_a_gathered_snapshot(deployment):
     for finding in evaluate(snap):
         assert finding.rule and finding.severity in ("critical", "warning", "info")
         assert finding.as_dict()["title"]
+
+
+def test_a_run_faster_than_the_previous_config_under_the_same_load_is_questioned(deployment):
+    """The panel tells the advisor which earlier run (same profile version, another config) a
+    run beat, so errors-behind-speed can ask what the speed cost in errors."""
+    from changes.advisor.engine import evaluate
+
+    old_config = deployment.active_config
+    profile = make_profile("same-load")
+    before = make_finished_run(
+        deployment,
+        engine_config=old_config,
+        load_profile=profile,
+        ttft_p95_ms=900.0,
+        completed=100,
+        failed=0,
+        error_rate=0.0,
+    )
+    deployment.active_config = make_config(deployment, {"max_num_seqs": 64})
+    deployment.save()
+    after = make_finished_run(
+        deployment,
+        engine_config=deployment.active_config,
+        load_profile=profile,
+        ttft_p95_ms=400.0,
+        completed=90,
+        failed=10,
+        error_rate=0.1,
+    )
+    snap = diagnosis.snapshot(deployment, live=False)
+    assert [r.faster_than for r in snap.runs] == [before.pk, None]
+    found = [f for f in evaluate(snap) if f.rule == "errors-behind-speed"]
+    assert found and f"reported faster than run {before.pk}" in found[0].seen
+    assert found[0].evidence["run"] == after.pk
