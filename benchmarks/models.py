@@ -133,6 +133,12 @@ class BenchmarkRun(BackgroundOperation):
         help_text="Empty for an imported result that did not say what load it applied.",
     )
     label = models.CharField(max_length=100, blank=True)
+    load_override = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='The profile run at another load: {"mode": "rate"|"concurrency", "value": x} '
+        "(a sweep's search); empty: the profile as saved.",
+    )
     source = models.CharField(max_length=16, choices=RunSource.choices, default=RunSource.PANEL)
     # Snapshots taken when the run starts: the deployment may be edited later, and imported
     # runs carry what their file says.
@@ -239,6 +245,28 @@ class BenchmarkRun(BackgroundOperation):
 
     def get_absolute_url(self) -> str:
         return reverse("benchmarks:detail", args=[self.pk])
+
+    @property
+    def profile_spec(self) -> dict:
+        """The profile document this run drove: its profile as saved, at the overridden
+        load when a sweep's search chose another (``load_override``)."""
+        spec = self.load_profile.spec if self.load_profile is not None else {}
+        override = self.load_override or {}
+        if not override:
+            return spec
+        from benchmarks.sweep.load import apply_load
+
+        return apply_load(spec, override["mode"], override["value"])
+
+    @property
+    def load_text(self) -> str:
+        """The overridden load in words ("12.5 req/s", "32 users"); empty when none."""
+        override = self.load_override or {}
+        if not override:
+            return ""
+        if override.get("mode") == "concurrency":
+            return f"{int(override['value'])} concurrent users"
+        return f"{float(override['value']):.3g} req/s"
 
     @property
     def numbered_name(self) -> str:

@@ -77,3 +77,48 @@ class StageStatus(ColouredChoices):
     FAILED = "failed", "Failed", "red"
     SKIPPED = "skipped", "Skipped", "grey"
     INCONCLUSIVE = "inconclusive", "Inconclusive", "amber"
+
+
+class SweepState(ColouredChoices):
+    """A tuning sweep's life: predicted at once (it touches nothing), reviewed when a
+    production-labelled host takes part, then its trials run on the deployments."""
+
+    PREDICTING = "predicting", "Predicting", "blue"
+    PENDING = "pending", "Pending review", "amber"
+    READY = "ready", "Ready to run", "blue"
+    RUNNING = "running", "Running trials", "blue"
+    DONE = "done", "Done", "green"
+    FAILED = "failed", "Failed", "red"
+    CANCELLED = "cancelled", "Cancelled", "amber"
+    REJECTED = "rejected", "Rejected", "red"
+
+    @property
+    def finished(self) -> bool:
+        return self in (self.DONE, self.FAILED, self.CANCELLED, self.REJECTED)
+
+
+class TrialState(ColouredChoices):
+    QUEUED = "queued", "Queued", "grey"
+    RUNNING = "running", "Running", "blue"
+    SUCCEEDED = "succeeded", "Measured", "green"
+    FAILED = "failed", "Failed", "red"
+    CANCELLED = "cancelled", "Cancelled", "amber"
+    SKIPPED = "skipped", "Skipped", "grey"
+
+    @property
+    def finished(self) -> bool:
+        return self not in (self.QUEUED, self.RUNNING)
+
+
+class LaneState(ColouredChoices):
+    """One deployment's part in a sweep: it runs trials, then gets its config back."""
+
+    PLANNED = "planned", "Planned", "grey"
+    QUEUED = "queued", "Queued", "grey"
+    RUNNING = "running", "Running trials", "blue"
+    RESTORED = "restored", "Config restored", "green"
+    FAILED = "failed", "Restore failed", "red"
+
+
+# A deployment taking part in a sweep in these lane states is held by it (partial unique index).
+LANE_LOCK_STATES = (LaneState.QUEUED, LaneState.RUNNING)

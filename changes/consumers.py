@@ -3,7 +3,7 @@ advisor's events of one deployment and of the fleet."""
 
 from channels.db import database_sync_to_async
 
-from changes.models import ChangeRequest
+from changes.models import ChangeRequest, Sweep
 from controlpanel.consumers import ObjectConsumer
 from hosts.models import Deployment
 
@@ -41,3 +41,15 @@ class FleetAdvisorConsumer(DeploymentAdvisorConsumer):
     @database_sync_to_async
     def _allowed(self, user, pk) -> bool:
         return user is not None and user.is_authenticated and user.has_perm(self.permission)
+
+
+class SweepConsumer(ObjectConsumer):
+    """A tuning sweep's progress: its state, each trial started or finished, each benchmark
+    of a trial's search (the page then fetches its live fragment again)."""
+
+    model = Sweep
+    group_kind = "sweep"
+    permission = "changes.view_sweep"
+
+    async def sweep_updated(self, message):
+        await self.forward(message)

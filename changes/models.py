@@ -120,6 +120,14 @@ class ChangeRequest(models.Model):
         related_name="proposals",
         help_text='The advisor finding this change answers (its "Propose this change").',
     )
+    sweep = models.ForeignKey(
+        "changes.Sweep",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="proposals",
+        help_text="The tuning sweep whose winner this change proposes (its evidence).",
+    )
     settings = models.JSONField(default=dict, blank=True, help_text="Proposed engine settings.")
     env = models.JSONField(default=dict, blank=True)
     placement = models.JSONField(default=dict, blank=True)
@@ -396,3 +404,4 @@ class Approval(models.Model):
 
 # The advisor's findings live in their own module; imported here so Django registers them.
 from changes.models_findings import Finding  # noqa: E402, F401
+from changes.models_sweeps import Sweep, SweepApproval, SweepLane, SweepTrial  # noqa: E402, F401

@@ -9,7 +9,7 @@ from changes.models import ChangeRequest
 from changes.services import apply as change_apply
 from changes.services import pipeline
 from controlpanel import timelimits
-from controlpanel.jobs import run_job
+from controlpanel.jobs import enqueue, run_job
 
 
 # The limit is sent per call from the change (apply.time_limit); this default only covers
@@ -35,6 +35,55 @@ def notify_change(change_pk: int, state: str) -> None:
 @shared_task(ignore_result=True, **timelimits.RESUME_LOST_PIPELINES.options())
 def resume_lost_pipelines() -> int:
     return len(change_apply.resume_lost_pipelines())
+
+
+# The predict phase scores every point of the space in virtual time: seconds to a minute
+# for the largest space allowed.
+PREDICT_SWEEP = timelimits.TimeLimit(570, 600)
+
+
+@shared_task(ignore_result=True, **PREDICT_SWEEP.options())
+def predict_sweep(sweep_pk: int) -> None:
+    from changes.models import Sweep
+    from changes.services import sweep_trials
+
+    run_job(
+        Sweep.objects.select_related("deployment__host", "base_config", "load_profile"),
+        sweep_pk,
+        sweep_trials.predict,
+        lambda sweep, error: sweep_trials.fail_prediction(sweep.pk, error),
+        what="the sweep's prediction",
+        finished=lambda sweep: sweep.state != "predicting",
+    )
+
+
+# The limit is sent per lane from its sweep's budget (sweeps.lane_time_limit).
+@shared_task(bind=True, ignore_result=True, **timelimits.DEFAULT_PIPELINE.options())
+def run_sweep_lane(self, lane_pk: int) -> None:
+    from changes.models import SweepLane
+    from changes.services import sweep_trials
+
+    owner = f"{self.request.id or 'inline'}"
+    run_job(
+        SweepLane.objects.select_related("sweep", "deployment__host", "original_config"),
+        lane_pk,
+        lambda lane: sweep_trials.run_lane(lane.pk, owner),
+        lambda lane, error: sweep_trials.abandon_lane(lane.pk, error),
+        what="the sweep's trials",
+        finished=lambda lane: not lane.holds_lock,
+    )
+
+
+@shared_task(ignore_result=True, **timelimits.RESUME_LOST_PIPELINES.options())
+def resume_lost_sweep_lanes() -> int:
+    """Lanes whose worker died go on on a new worker (their running trial is failed there,
+    the rest of the queue runs, the original config comes back)."""
+    from changes.services import sweep_trials, sweeps
+
+    lanes = list(sweep_trials.lost_lanes().select_related("sweep"))
+    for lane in lanes:
+        enqueue(sweeps.LANE_TASK, lane.pk, **sweeps.lane_time_limit(lane.sweep).options())
+    return len(lanes)
 
 
 # A sweep scrapes every engine at once (ADVISOR_SCRAPE_SECONDS) and then evaluates each

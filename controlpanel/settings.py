@@ -459,6 +459,11 @@ CELERY_BEAT_SCHEDULE["resume-lost-change-pipelines"] = {
     "task": "changes.tasks.resume_lost_pipelines",
     "schedule": 60.0,
 }
+# A tuning sweep's lane whose worker died: fail its trial, restore its config, go on.
+CELERY_BEAT_SCHEDULE["resume-lost-sweep-lanes"] = {
+    "task": "changes.tasks.resume_lost_sweep_lanes",
+    "schedule": 60.0,
+}
 
 # --- Changes -------------------------------------------------------------------------------
 # Hosts carrying this label (key=value) need CHANGE_PRODUCTION_APPROVALS approvals, others one.

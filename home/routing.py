@@ -3,7 +3,12 @@
 from django.urls import path, re_path
 
 from benchmarks.consumers import RunConsumer
-from changes.consumers import ChangeConsumer, DeploymentAdvisorConsumer, FleetAdvisorConsumer
+from changes.consumers import (
+    ChangeConsumer,
+    DeploymentAdvisorConsumer,
+    FleetAdvisorConsumer,
+    SweepConsumer,
+)
 from controlpanel.consumers import NoRouteConsumer
 from hosts.consumers import HostConsumer
 
@@ -11,6 +16,7 @@ websocket_urlpatterns = [
     path("ws/hosts/<int:pk>/", HostConsumer.as_asgi()),
     path("ws/benchmarks/<int:pk>/", RunConsumer.as_asgi()),
     path("ws/changes/<int:pk>/", ChangeConsumer.as_asgi()),
+    path("ws/sweeps/<int:pk>/", SweepConsumer.as_asgi()),
     path("ws/deployments/<int:pk>/", DeploymentAdvisorConsumer.as_asgi()),
     path("ws/advisor/", FleetAdvisorConsumer.as_asgi(), {"pk": "fleet"}),
     # Last: any other path (a bad id such as /ws/hosts/abc/) is refused instead of raising.

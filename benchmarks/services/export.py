@@ -30,7 +30,7 @@ def export_spec(run: BenchmarkRun) -> dict | None:
         return None
     try:
         return build_spec(
-            run.load_profile.spec, run.deployment.engine_url, run.model_name
+            run.profile_spec, run.deployment.engine_url, run.model_name
         ).to_dict()
     except SpecError:
         return None

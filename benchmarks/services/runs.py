@@ -52,11 +52,12 @@ class RunRefused(Exception):
 
 
 # --- starting and cancelling -------------------------------------------------------------------
-def time_limit_for(profile: LoadProfile) -> int:
+def time_limit_for(profile: LoadProfile, spec: dict | None = None) -> int:
     """Seconds the run's task may take: three times what the profile plans plus five minutes
     for readiness and warm-up, capped by BENCHMARK_MAX_SECONDS (also the limit of a profile
-    whose length cannot be known in advance)."""
-    _, seconds = plan(profile.spec)
+    whose length cannot be known in advance). ``spec``: the document actually run, when a
+    load override changed it (``BenchmarkRun.profile_spec``)."""
+    _, seconds = plan(profile.spec if spec is None else spec)
     return timelimits.benchmark_budget(seconds, settings.BENCHMARK_MAX_SECONDS)
 
 
@@ -68,6 +69,7 @@ def start_benchmark(
     label: str = "",
     enqueue: bool = True,
     owner=None,
+    load_override: dict | None = None,
 ) -> BenchmarkRun:
     """Queue a load test of ``deployment`` under ``profile`` with the config it runs now,
     when nothing else uses the engine (``hosts.services.occupancy``: another run, an apply or
@@ -75,9 +77,15 @@ def start_benchmark(
     row lock on the deployment, a partial unique index behind it. ``owner``: the holder asking
     (a change's pipeline measuring its own deployment). ``enqueue=False`` only records the
     run, for a caller on a worker that executes it itself (``execute_run``), such as a
-    change's verification."""
+    change's verification. ``load_override``: run the profile at another load
+    (``{"mode": "rate"|"concurrency", "value": x}``, a sweep's search), recorded on the run."""
+    spec = profile.spec
+    if load_override:
+        from benchmarks.sweep.load import apply_load
+
+        spec = apply_load(spec, load_override["mode"], load_override["value"])
     try:
-        planned = plan(profile.spec)
+        planned = plan(spec)
     except SpecError as exc:
         raise RunRefused(f"{profile} cannot run: {exc}") from None
     try:
@@ -92,9 +100,9 @@ def start_benchmark(
                 occupancy.require_free(deployment, occupancy.Purpose.RUN, owner=owner)
             except occupancy.DeploymentBusy as busy:
                 raise RunRefused(str(busy)) from None
-            run = _create_run(actor, deployment, profile, label, planned)
+            run = _create_run(actor, deployment, profile, label, planned, load_override)
             if enqueue:
-                _enqueue(run, time_limit_for(profile))
+                _enqueue(run, time_limit_for(profile, spec))
     except IntegrityError:
         raise RunRefused(f"Another benchmark just started on {deployment}.") from None
     publish_status(run)
@@ -115,7 +123,9 @@ def occupants(deployment: Deployment) -> list[occupancy.Occupant]:
     return [occupancy.Occupant(run, text)]
 
 
-def _create_run(actor, deployment: Deployment, profile: LoadProfile, label: str, planned):
+def _create_run(
+    actor, deployment: Deployment, profile: LoadProfile, label: str, planned, load_override=None
+):
     """The queued run row, with what the deployment runs now, and its audit entry."""
     planned_requests, planned_seconds = planned
     config = deployment.active_config
@@ -124,6 +134,7 @@ def _create_run(actor, deployment: Deployment, profile: LoadProfile, label: str,
         engine_config=config,
         load_profile=profile,
         label=label,
+        load_override=load_override or {},
         requested_by=actor,
         engine=deployment.engine,
         engine_version=deployment.engine_version,
@@ -141,6 +152,7 @@ def _create_run(actor, deployment: Deployment, profile: LoadProfile, label: str,
             "deployment": str(deployment),
             "config_version": config.version if config else None,
             "profile": str(profile),
+            **({"load": load_override} if load_override else {}),
         },
     )
     return run
@@ -198,12 +210,12 @@ def execute_run(run: BenchmarkRun) -> BenchmarkRun:
 def _spec(run: BenchmarkRun, scratch: Path) -> LoadSpec:
     """The load generator spec of the run's profile, aimed at its deployment (a replay's
     trace is written to ``scratch``)."""
-    profile, deployment = run.load_profile, run.deployment
+    doc, deployment = run.profile_spec, run.deployment
     trace = None
-    if profile.spec.get("replay"):
-        trace = write_replay(profile.spec, scratch / "replay.jsonl")
+    if doc.get("replay"):
+        trace = write_replay(doc, scratch / "replay.jsonl")
     spec = build_spec(
-        profile.spec,
+        doc,
         deployment.engine_url,
         deployment.model,
         api_key=deployment.api_key(),
@@ -226,7 +238,8 @@ def _measure(run: BenchmarkRun, spec: LoadSpec):
     through a ``PointSink``; returns the load generator's result."""
     sink = PointSink(run)
     load = LoadRun(spec, on_progress=sink.put, error_stop=error_stop(run))
-    sink.start(load, deadline=time.monotonic() + time_limit_for(run.load_profile))
+    limit = time_limit_for(run.load_profile, run.profile_spec)
+    sink.start(load, deadline=time.monotonic() + limit)
     try:
         with asyncio.Runner(loop_factory=new_event_loop_factory()) as runner:
             return runner.run(arun_with(load))
@@ -343,7 +356,7 @@ def _fail_unstarted_runs(now: datetime) -> list[BenchmarkRun]:
     for run in queued:
         try:
             limit = (
-                time_limit_for(run.load_profile)
+                time_limit_for(run.load_profile, run.profile_spec)
                 if run.load_profile
                 else settings.BENCHMARK_MAX_SECONDS
             )

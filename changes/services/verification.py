@@ -116,7 +116,14 @@ def conditions(run: BenchmarkRun | None) -> dict:
 
     profile = run.load_profile
     return {
-        "profile": f"{profile.name} v{profile.version}" if profile is not None else None,
+        # The load is the profile version at the load it ran: a sweep's run at 12 req/s
+        # and the profile's own run are different loads.
+        "profile": (
+            f"{profile.name} v{profile.version}"
+            + (f" at {run.load_text}" if run.load_override else "")
+            if profile is not None
+            else None
+        ),
         "cache_state": cache_state(run),
         "prefix_cache_hit_rate": share("prefix_cache_hit_rate"),
         "kv_cache_usage_max": share("kv_cache_usage_max"),

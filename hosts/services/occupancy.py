@@ -38,6 +38,7 @@ class Purpose(models.TextChoices):
     RESTART = "restart", "restart"
     APPLY = "apply", "apply a config to"
     CHANGE = "change", "start applying a change to"
+    SWEEP = "sweep", "start a tuning sweep on"
 
 
 Key = tuple[str, object]
