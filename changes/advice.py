@@ -11,13 +11,16 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from benchmarks.loadgen.profile import normalize
 from benchmarks.loadgen.spec import SpecError
 from benchmarks.metrics import BY_KEY, HIGHER, LOWER, pick
+
+# gpu_key and workloads live with the catalog and the sweeps now; re-exported here so
+# existing callers (``advice.gpu_key``, ``advice.workloads``) keep working.
+from benchmarks.sweep.load import PREDICTION_REQUESTS, workloads  # noqa: F401
 from hosts.engines import EngineSpec, Flag, get_spec
-from hosts.engines.catalog import GPUS, UnknownModel, resolve_model
+from hosts.engines.catalog import GPUS, UnknownModel, gpu_key, resolve_model  # noqa: F401
 from hosts.simulator.config import StartupError
-from hosts.simulator.predict import Workload, predict
+from hosts.simulator.predict import predict
 
 # Above this share of GPU memory a small change in traffic has nowhere to go (DOMAIN.md §2).
 MEMORY_FRACTION_LIMIT = 0.95
@@ -26,8 +29,6 @@ MEMORY_FRACTION_LIMIT = 0.95
 CONTEXT_HEADROOM = 4.0
 # Weights under this share of one GPU's memory leave room for a useful KV cache on that GPU.
 FITS_ONE_GPU_SHARE = 0.6
-# Requests a prediction simulates per stage: enough for stable p95s, a fraction of a second.
-PREDICTION_REQUESTS = 300
 
 MEMORY_FLAGS = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static"}
 CONTEXT_FLAGS = {"vllm": "max_model_len", "sglang": "context_length"}
@@ -222,88 +223,6 @@ FLAG_RULES: tuple[Callable[[Proposal, Flag], Iterable[Warning]], ...] = (
 
 
 # --- predicted impact --------------------------------------------------------------------------
-def gpu_key(gpu_name: str) -> str | None:
-    """The simulator's GPU key for an NVML name (``NVIDIA H100 80GB HBM3`` → ``h100-sxm``)."""
-    for key, spec in GPUS.items():
-        if spec.nvml_name == gpu_name:
-            return key
-    lowered = gpu_name.lower()
-    for key in sorted(GPUS, key=len, reverse=True):
-        family, _, size = key.partition("-")
-        if family in lowered and (not size or size.rstrip("g") in lowered or size == "sxm"):
-            return key
-    return None
-
-
-def _mean(dist: Mapping) -> int:
-    if dist.get("kind") == "empirical" and dist.get("values"):
-        values = dist["values"]
-        return max(1, round(sum(values) / len(values)))
-    if dist.get("kind") == "uniform" and dist.get("low") is not None:
-        return max(1, round((dist["low"] + dist.get("high", dist["low"])) / 2))
-    return max(1, round(float(dist.get("mean") or 1)))
-
-
-def _jitter(dist: Mapping) -> float:
-    if dist.get("kind") == "fixed":
-        return 0.0
-    if dist.get("kind") == "uniform" and dist.get("low") is not None:
-        mean = _mean(dist)
-        return min(1.0, (dist.get("high", mean) - dist["low"]) / 2 / mean)
-    return 0.5  # skewed distributions: a ±50 % spread around the mean stands in for the tail
-
-
-def workloads(profile: Mapping) -> list[tuple[str, Workload]]:
-    """One simulator workload per stage of a load profile (replays use their mean sizes)."""
-    doc = normalize(dict(profile))
-    replay = doc.get("replay")
-    if replay:
-        rows = replay.get("rows") or []
-        if not rows:
-            raise SpecError("the replay has no rows")
-        span = (rows[-1][0] - rows[0][0]) or 1.0
-        inputs = [r[1] for r in rows]
-        outputs = [r[2] for r in rows]
-        stage = {
-            "name": "replay",
-            "request_rate": len(rows) / span,
-            "num_requests": len(rows),
-        }
-        input_dist = {"kind": "empirical", "values": inputs}
-        output_dist = {"kind": "empirical", "values": outputs}
-        stages = [stage]
-    else:
-        stages = doc["stages"]
-        input_dist, output_dist = doc["input_len"], doc["output_len"]
-    out = []
-    for stage in stages:
-        rate = stage.get("request_rate")
-        concurrency = stage.get("concurrency") or stage.get("max_concurrency")
-        count = stage.get("num_requests")
-        if count is None and stage.get("duration_s"):
-            count = (rate or concurrency or 1) * stage["duration_s"]
-        count = int(min(PREDICTION_REQUESTS, max(20, count or PREDICTION_REQUESTS)))
-        out.append(
-            (
-                stage["name"],
-                Workload(
-                    num_requests=count,
-                    input_tokens=_mean(input_dist),
-                    output_tokens=_mean(output_dist),
-                    input_jitter=_jitter(input_dist),
-                    output_jitter=_jitter(output_dist),
-                    concurrency=None if rate else int(concurrency or 1),
-                    request_rate=float(rate) if rate else None,
-                    burstiness=float(stage.get("burstiness") or 1.0),
-                    shared_prefix_tokens=int(doc.get("prefix_len") or 0),
-                    num_prefixes=int(doc.get("prefix_groups") or 1),
-                    seed=int(doc.get("seed") or 0),
-                ),
-            )
-        )
-    return out
-
-
 # (key in the simulator's result, label, unit, better): the run metrics it predicts, under
 # the registry's names, and two numbers only the simulator knows.
 PREDICTED = (

@@ -223,3 +223,16 @@ def resolve_gpu(key: str) -> GpuSpec:
         return GPUS[key]
     except KeyError:
         raise ValueError(f"unknown GPU {key!r} (choose from {', '.join(GPUS)})") from None
+
+
+def gpu_key(gpu_name: str) -> str | None:
+    """The simulator's GPU key for an NVML name (``NVIDIA H100 80GB HBM3`` → ``h100-sxm``)."""
+    for key, spec in GPUS.items():
+        if spec.nvml_name == gpu_name:
+            return key
+    lowered = gpu_name.lower()
+    for key in sorted(GPUS, key=len, reverse=True):
+        family, _, size = key.partition("-")
+        if family in lowered and (not size or size.rstrip("g") in lowered or size == "sxm"):
+            return key
+    return None
