@@ -621,7 +621,9 @@ def summary_text(sweep: Sweep, trials: list[SweepTrial], winner: SweepTrial | No
         if closest is not None:
             text += f"; closest: trial {closest.index} ({closest.label})"
         return text + "." + tail
-    text = f"{head}. Winner: trial {winner.index} ({winner.label}): {outcome_line(sweep, winner)}"
+    # A cancelled sweep did not run all its trials: its best is only the best so far.
+    verb = "Best so far" if sweep.cancel_requested else "Winner"
+    text = f"{head}. {verb}: trial {winner.index} ({winner.label}): {outcome_line(sweep, winner)}"
     control = next((t for t in trials if t.is_control), None)
     if control is not None and control is not winner and control.met_slo:
         if control.objective_value:
