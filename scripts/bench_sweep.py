@@ -55,6 +55,13 @@ def main() -> int:
         "seconds": round(prediction.elapsed_s, 2),
         "ms_per_point": round(prediction.elapsed_s / space.size * 1000, 1),
         "workers": prediction.workers,
+        # Machine-independent: simulator runs per startable point (the saturation run, then
+        # one per load probed).
+        "runs_per_point": round(
+            sum(len(p.curve) + 1 for p in prediction.points if p.feasible)
+            / max(1, prediction.counts["feasible"]),
+            1,
+        ),
         "cpus": os.cpu_count(),
         **prediction.counts,
     }

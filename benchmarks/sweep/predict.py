@@ -77,7 +77,7 @@ class PointScore:
     # engine admits the probe's requests all at once, so no queue can build.
     limit_above: bool = False
     index: int = 0  # position in the space's order: ties rank by it
-    note: str = ""  # why a candidate that misses the SLO is offered anyway
+    note: str = ""  # how the search ended when it is not a plain limit (missed, unbounded)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -259,9 +259,13 @@ def score_point(
             "violations": list(lowest.violations),
             "margin": lowest.margin,
         }
+        margin = "" if lowest.margin is None else f" (margin {lowest.margin * 100:+.0f} %)"
+        score.note = f"predicted to miss the SLO at every load tried{margin}"
         return score
     score.meets_slo = True
     score.limit_above = best.load >= high
+    if score.limit_above:
+        score.note = "the SLO held at the highest load tried: the limit is above it"
     score.max_load = wall_load(best.load)
     score.numbers = wall(best.numbers)
     score.margin = best.margin
@@ -503,7 +507,8 @@ def candidates(
 ) -> list[PointScore]:
     """The ``k`` best distinct points to try for real, without the control (the caller adds
     it). When fewer than ``k`` meet the SLO, the feasible ones that miss it by least fill
-    in, each with a ``note`` saying so."""
+    in: their ``meets_slo`` is False and their ``note`` says so. The items are the
+    prediction's own PointScore objects, not copies."""
     spec = get_spec(prediction.engine)
 
     def clean(settings: Mapping) -> tuple:
@@ -521,9 +526,6 @@ def candidates(
         if key in seen:
             continue
         seen.add(key)
-        if not p.meets_slo:
-            margin = "" if p.margin is None else f" (margin {p.margin * 100:+.0f} %)"
-            p = replace(p, note=f"predicted to miss the SLO at every load tried{margin}")
         picked.append(p)
     return picked
 

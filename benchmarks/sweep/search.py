@@ -126,9 +126,11 @@ def bisect_max_load(
     rel_tol: float = 0.03,
     max_steps: int = 12,
 ) -> SearchResult:
-    """Measure ``high`` (met: the limit is at or above it), then ``low`` (missed: nothing in
-    the range meets), then halve the bracket until it is within ``rel_tol`` of its top or
-    ``max_steps`` measurements were made in all."""
+    """Measure ``high`` (met: the limit is at or above it), then the middle of the range, and
+    ``low`` only when the middle missed too (missed at ``low``: nothing in the range meets);
+    then halve the bracket until it is within ``rel_tol`` of its top or ``max_steps``
+    measurements were made in all. The light loads are the slow ones to simulate (one
+    sequence at a time, step after step), so ``low`` is measured only when needed."""
     if not 0 < low <= high:
         raise ValueError(f"need 0 < low <= high, got low={low!r}, high={high!r}")
     probe = _Prober(measure, slo, integer)
@@ -137,14 +139,23 @@ def bisect_max_load(
         return probe.result(
             top, f"met the SLO at the highest load tried ({_fmt(top.load)}); the limit is above it"
         )
-    if max_steps < 2:
-        return probe.result(None, f"stopped after 1 measurement: {_fmt(top.load)} missed")
+    fail = top
+    if max_steps >= 3 and not _converged(probe.norm(low), top.load, rel_tol, integer):
+        mid = probe(_mid(probe.norm(low), top.load, integer))
+        if mid.ok:
+            best = _bisect(probe, mid, top, rel_tol, max_steps - len(probe.probes))
+            return probe.result(best, _bracket_note(probe, best, rel_tol))
+        fail = mid
+    if max_steps < len(probe.probes) + 1:
+        return probe.result(
+            None, f"stopped after {len(probe.probes)} measurement(s): {_fmt(fail.load)} missed"
+        )
     bottom = probe(low)
     if not bottom.ok:
         return probe.result(
             None, f"no load from {_fmt(bottom.load)} to {_fmt(top.load)} meets the SLO"
         )
-    best = _bisect(probe, bottom, top, rel_tol, max_steps - len(probe.probes))
+    best = _bisect(probe, bottom, fail, rel_tol, max_steps - len(probe.probes))
     return probe.result(best, _bracket_note(probe, best, rel_tol))
 
 

@@ -140,6 +140,7 @@ def test_no_point_meets_gives_the_closest():
     assert p.to_dict()["closest"]["point"] == p.closest.point
     picked = candidates(p, 3)
     assert len(picked) == 2 and all("predicted to miss the SLO" in c.note for c in picked)
+    assert "margin -" in picked[0].note
 
 
 def test_refusals():
@@ -193,7 +194,9 @@ def test_candidates_skip_the_control_and_duplicates():
     )
     picked = candidates(pred, 2, control_settings={"max_num_seqs": "64"})
     assert [c.point["max_num_seqs"] for c in picked] == [32, 16]
-    assert picked[0].note == "" and "margin -20 %" in picked[1].note
+    assert picked[0].meets_slo and not picked[1].meets_slo
+    assert picked[1] is pred.points[2]  # the prediction's own objects: callers key on them
+    assert len(candidates(pred, 5)) == 3 and len(candidates(pred, 1)) == 1
 
 
 def test_pareto_front():
@@ -205,3 +208,24 @@ def test_pareto_front():
         {"x": None, "y": 9},
     ]
     assert pareto_front(items, "x", "y") == [0, 1, 3]
+
+
+def _in_daemon(queue):
+    sp = space(max_num_seqs=[2, 8])
+    p = predict_space("vllm", MODEL, {}, sp, "h100-sxm", 1, RATE, "rate", LOOSE, "tps_per_gpu",
+                      workers=2)  # fmt: skip
+    queue.put((p.workers, [s.max_load for s in p.points]))
+
+
+def test_a_daemonic_process_falls_back_to_one_process():
+    # A Celery prefork child is daemonic: it may not start a pool of its own.
+    import multiprocessing
+
+    queue = multiprocessing.Queue()
+    child = multiprocessing.Process(target=_in_daemon, args=(queue,), daemon=True)
+    child.start()
+    workers, loads = queue.get(timeout=60)
+    child.join(10)
+    serial = predict_space("vllm", MODEL, {}, space(max_num_seqs=[2, 8]), "h100-sxm", 1, RATE,
+                           "rate", LOOSE, "tps_per_gpu", workers=1)  # fmt: skip
+    assert workers == 1 and loads == [s.max_load for s in serial.points]

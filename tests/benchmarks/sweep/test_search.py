@@ -35,13 +35,22 @@ def test_bisect_all_fail_gives_the_closest():
     result = bisect_max_load(threshold_measure(0.5), SLO, low=1, high=100)
     assert result.best is None and result.closest.load == 1
     assert result.closest.margin == pytest.approx(-1.0)
-    assert "no load from 1 to 100" in result.note and len(result.probes) == 2
+    assert "no load from 1 to 100" in result.note and len(result.probes) == 3
 
 
 def test_bisect_limited_by_high():
     result = bisect_max_load(threshold_measure(500), SLO, low=1, high=100)
     assert result.best.load == 100 and len(result.probes) == 1
     assert "the limit is above it" in result.note
+
+
+def test_bisect_measures_low_only_when_the_middle_misses():
+    calls = []
+    bisect_max_load(threshold_measure(80.0, calls), SLO, low=1, high=100)
+    assert calls[:2] == [100, 50.5] and 1 not in calls
+    calls.clear()
+    bisect_max_load(threshold_measure(20.0, calls), SLO, low=1, high=100)
+    assert calls[:3] == [100, 50.5, 1]
 
 
 def test_bisect_respects_max_steps():
