@@ -25,4 +25,5 @@ urlpatterns = [
     path("configs/<int:pk>/rollback/", views.propose_rollback, name="propose_rollback"),
     path("deployments/<int:pk>/configs/", views.deployment_configs, name="configs"),
     path("advisor/", include("changes.views_advisor")),
+    path("sweeps/", include("changes.views_sweeps")),
 ]
