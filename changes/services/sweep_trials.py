@@ -118,12 +118,13 @@ def predict(sweep: Sweep) -> Sweep:
                 break
             if score.settings != base:
                 picked.append((score.point, score.settings, score, rank_of.get(id(score))))
-    _create_trials(sweep, base, control_score, picked)
     with transaction.atomic():
+        problem = sweep.prediction_problem
         sweep = Sweep.objects.select_for_update().get(pk=sweep.pk)
-        if sweep.state == S.PREDICTING:
+        if sweep.state == S.PREDICTING:  # not cancelled meanwhile
+            _create_trials(sweep, base, control_score, picked)
+            sweep.prediction_problem = problem
             sweep.prediction = prediction.to_dict() if prediction is not None else {}
-            sweep.prediction_problem = sweep.prediction_problem or ""
             sweep.save(update_fields=["prediction", "prediction_problem"])
             sweep.transition_to(S.PENDING if sweep.required_approvals else S.READY)
             audit(None, "sweep.predicted", sweep, after={"trials": sweep.trials.count()})

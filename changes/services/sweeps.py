@@ -38,9 +38,11 @@ LANE_TASK = "changes.tasks.run_sweep_lane"
 class SweepInvalid(ValueError):
     """What was asked cannot be a sweep; ``errors`` maps a form field to its message."""
 
-    def __init__(self, errors: dict[str, str]):
+    def __init__(self, errors: dict[str, str], space_errors: dict[str, str] | None = None):
         super().__init__("; ".join(f"{k}: {v}" if k else v for k, v in errors.items()))
         self.errors = errors
+        # The space's problems by flag ("" for the space as a whole), for forms and the API.
+        self.space_errors = space_errors or {}
 
 
 # --- what a sweep runs on ----------------------------------------------------------------------
@@ -131,7 +133,10 @@ def create_sweep(
         parsed_space = parse_space(deployment.engine, deployment.engine_version or None, space)
     except SpaceError as exc:
         errors["space"] = str(exc)
+        space_errors = dict(exc.errors)
         parsed_space = None
+    else:
+        space_errors = {}
     try:
         parsed_slo = Slo.from_dict(slo)
     except SloError as exc:
@@ -159,8 +164,15 @@ def create_sweep(
             )
         elif other not in lanes:
             lanes.append(other)
+    for field, value, low, high in (
+        ("max_trials", max_trials, 1, 30),
+        ("max_minutes", max_minutes, 2, 24 * 60),
+        ("max_steps", max_steps, 2, 12),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            errors[field] = f"Between {low} and {high}."
     if errors:
-        raise SweepInvalid(errors)
+        raise SweepInvalid(errors, space_errors)
     rules.require_code_loading(
         actor,
         deployment.engine,
@@ -242,6 +254,9 @@ def review_sweep(actor, sweep: Sweep, decision: str, comment: str = "") -> Sweep
         if decision == Decision.REJECT:
             sweep.transition_to(S.REJECTED)
             _release_lanes(sweep)
+            SweepTrial.objects.filter(sweep=sweep, state=TrialState.QUEUED).update(
+                state=TrialState.CANCELLED, note="the sweep was rejected"
+            )
             sweep.outcome = f"rejected by {actor.get_username()}" + (
                 f": {comment}" if comment else ""
             )

@@ -22,6 +22,7 @@ from benchmarks.models import Price
 from changes.models import Finding
 from changes.services import review
 from controlpanel.services import audit
+from tests.api.sweep_samples import make_done_sweep
 from tests.factories import (
     make_config,
     make_deployment,
@@ -82,7 +83,10 @@ def world(admin, operator):
         evidence={"waiting_mean": 12},
         suggestion={"settings": {"max_num_seqs": 64}, "action": ""},
     )
+    # A done tuning sweep (prediction, lane, trials with probes), made row by row.
+    sweep = make_done_sweep(deployment, operator, profile)
     return {
+        "sweeps": sweep.pk,
         "hosts": host.pk,
         "deployments": deployment.pk,
         "profiles": profile.pk,
