@@ -124,6 +124,24 @@ def _probe_workload(workload: Workload, mode: str, load: float) -> Workload:
     return w
 
 
+def _resolve_gpu(gpu: str) -> str:
+    if gpu in GPUS:
+        return gpu
+    key = gpu_key(gpu)
+    if key is None:
+        raise PredictError(
+            f"The simulator does not model the GPU {gpu!r} (it models {', '.join(GPUS)})."
+        )
+    return key
+
+
+def _check_model(model: str) -> None:
+    try:
+        resolve_model(model)
+    except UnknownModel as exc:
+        raise PredictError(f"The simulator does not model this model: {exc}") from None
+
+
 def score_point(
     engine: str,
     model: str,
@@ -148,7 +166,8 @@ def score_point(
     """
     if mode not in MODES:
         raise PredictError(f"unknown load mode {mode!r} (choose from {', '.join(MODES)})")
-    gpu_spec = gpu if isinstance(gpu, GpuSpec) else GPUS[gpu]
+    gpu_spec = gpu if isinstance(gpu, GpuSpec) else GPUS[_resolve_gpu(gpu)]
+    _check_model(model)
     settings = dict(settings)
     score = PointScore(
         point=dict(settings if point is None else point), settings=settings, feasible=True
@@ -376,17 +395,6 @@ def rank(points: list[PointScore], objective: str) -> list[PointScore]:
     return sorted(points, key=key)
 
 
-def _resolve_gpu(gpu: str) -> str:
-    if gpu in GPUS:
-        return gpu
-    key = gpu_key(gpu)
-    if key is None:
-        raise PredictError(
-            f"The simulator does not model the GPU {gpu!r} (it models {', '.join(GPUS)})."
-        )
-    return key
-
-
 def _score_task(kwargs: dict) -> PointScore:
     return score_point(**kwargs)
 
@@ -412,11 +420,9 @@ def predict_space(
     started = time.perf_counter()
     try:
         get_spec(engine)
-        resolve_model(model)
-    except UnknownModel as exc:
-        raise PredictError(f"The simulator does not model this model: {exc}") from None
     except ValueError as exc:
         raise PredictError(str(exc)) from None
+    _check_model(model)
     gpu = _resolve_gpu(gpu)
     if objective not in OBJECTIVES:
         raise PredictError(f"unknown objective {objective!r} (choose from {', '.join(OBJECTIVES)})")

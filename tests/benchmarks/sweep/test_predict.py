@@ -229,3 +229,13 @@ def test_a_daemonic_process_falls_back_to_one_process():
     serial = predict_space("vllm", MODEL, {}, space(max_num_seqs=[2, 8]), "h100-sxm", 1, RATE,
                            "rate", LOOSE, "tps_per_gpu", workers=1)  # fmt: skip
     assert workers == 1 and loads == [s.max_load for s in serial.points]
+
+
+def test_score_point_refuses_what_the_simulator_does_not_model():
+    with pytest.raises(PredictError, match="does not model the GPU"):
+        score_point("vllm", MODEL, {}, "tpu-v5", 1, RATE, "rate", LOOSE)
+    with pytest.raises(PredictError, match="does not model this model"):
+        score_point("vllm", "acme/Unknown-13B", {}, "h100-sxm", 1, RATE, "rate", LOOSE)
+    # An NVML name works as well as the simulator's key.
+    assert score_point("vllm", MODEL, {"max_num_seqs": 4}, "NVIDIA H100 80GB HBM3", 1, RATE,
+                       "rate", LOOSE).meets_slo  # fmt: skip
