@@ -27,6 +27,9 @@ SERVICE_FIELDS = {
     "load_mode": "load_mode",
     "objective": "objective",
     "twins": "twins",
+    "max_trials": "max_trials",
+    "max_minutes": "max_minutes",
+    "max_steps": "max_steps",
 }
 
 
@@ -185,15 +188,19 @@ class SweepForm(forms.Form):
             "twin_deployments": list(data.get("twins") or []),
         }
 
-    def add_service_errors(self, errors: dict) -> None:
-        """``SweepInvalid.errors`` on the fields they name; the rest at the top."""
-        for key, message in errors.items():
-            field = SERVICE_FIELDS.get(key)
+    def add_service_errors(self, exc) -> None:
+        """A ``SweepInvalid``'s errors on the fields they name (the space's on its rows);
+        the rest at the top."""
+        for flag, message in (getattr(exc, "space_errors", None) or {}).items():
+            self.add_error(self._space_field(flag), message)
+        for key, message in exc.errors.items():
+            if key == "space" and getattr(exc, "space_errors", None):
+                continue  # shown on its rows just above
             if key == "slo":
                 message = f"SLO: {message}"
             elif key == "space":
                 message = f"Space: {message}"
-            self.add_error(field, message)
+            self.add_error(SERVICE_FIELDS.get(key), message)
 
     def error_summary(self) -> list[str]:
         return [

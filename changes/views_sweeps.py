@@ -55,7 +55,7 @@ def sweep_new(request):
         try:
             sweep = sweeps.create_sweep(request.user, deployment, **form.sweep_kwargs())
         except sweeps.SweepInvalid as exc:
-            form.add_service_errors(exc.errors)
+            form.add_service_errors(exc)
         except (PermissionDenied, SweepRefused, ChangeRefused) as exc:
             # Refused for what it varies (a code-loading flag needs an Admin): say so on the
             # form, with what was typed kept.

@@ -492,3 +492,22 @@ def test_entry_points(client, operator, viewer, deployment, profile):
     run.save()
     page = client.get(run.get_absolute_url()).content.decode()
     assert "at 12.5 req/s (sweep load)" in page
+
+
+def test_service_errors_land_on_their_fields(client, operator, deployment, profile):
+    """What only the service knows (here: a space refused by flag, a budget) goes beside the
+    field it names, whatever the form checked first."""
+    client.force_login(operator)
+    refused = sweeps.SweepInvalid(
+        {"space": "max_num_seqs: no", "max_steps": "Between 2 and 12.", "": "whole"},
+        {"max_num_seqs": "no such value here"},
+    )
+    with mock.patch("changes.services.sweeps.create_sweep", side_effect=refused):
+        response = client.post(
+            url("sweep_new") + f"?deployment={deployment.pk}", form_data(profile)
+        )
+    assert response.status_code == 400
+    form = response.context["form"]
+    assert form.errors["space_max_num_seqs"] == ["no such value here"]
+    assert form.errors["max_steps"] == ["Between 2 and 12."]
+    assert form.non_field_errors() == ["whole"]
