@@ -101,6 +101,21 @@ GPU_SEPARATOR = ", "
 SORTED_COLUMNS = tuple(metric.key for metric in HISTORY)
 
 
+def spec_with_override(spec: dict, override: dict | None) -> dict:
+    """A profile document at another load (``{"mode", "value"}``) and, when given, another
+    seed: a sweep's searches send fresh prompts at each load, since the same prompts again
+    would be served from the prefix cache the previous load filled and look faster than any
+    new traffic is (measured: +44 % max rate on a simulated H100)."""
+    if not override:
+        return spec
+    from benchmarks.sweep.load import apply_load
+
+    out = apply_load(spec, override["mode"], override["value"])
+    if override.get("seed") is not None:
+        out["seed"] = int(override["seed"])
+    return out
+
+
 class BenchmarkRun(BackgroundOperation):
     """One load test of one deployment under one profile version, with its results.
 
@@ -251,12 +266,7 @@ class BenchmarkRun(BackgroundOperation):
         """The profile document this run drove: its profile as saved, at the overridden
         load when a sweep's search chose another (``load_override``)."""
         spec = self.load_profile.spec if self.load_profile is not None else {}
-        override = self.load_override or {}
-        if not override:
-            return spec
-        from benchmarks.sweep.load import apply_load
-
-        return apply_load(spec, override["mode"], override["value"])
+        return spec_with_override(spec, self.load_override)
 
     @property
     def load_text(self) -> str:

@@ -21,7 +21,7 @@ from benchmarks.loadgen.profile import build_spec, plan, write_replay
 from benchmarks.loadgen.runner import ErrorStop, LoadGenError, LoadRun, arun_with
 from benchmarks.loadgen.spec import LoadSpec, SpecError
 from benchmarks.loadgen.transport import new_event_loop_factory
-from benchmarks.models import BenchmarkRun, LoadProfile
+from benchmarks.models import BenchmarkRun, LoadProfile, spec_with_override
 from benchmarks.services.environment import environment
 from benchmarks.services.points import PointSink
 from benchmarks.services.results import (
@@ -78,12 +78,9 @@ def start_benchmark(
     (a change's pipeline measuring its own deployment). ``enqueue=False`` only records the
     run, for a caller on a worker that executes it itself (``execute_run``), such as a
     change's verification. ``load_override``: run the profile at another load
-    (``{"mode": "rate"|"concurrency", "value": x}``, a sweep's search), recorded on the run."""
-    spec = profile.spec
-    if load_override:
-        from benchmarks.sweep.load import apply_load
-
-        spec = apply_load(spec, load_override["mode"], load_override["value"])
+    (``{"mode": "rate"|"concurrency", "value": x, "seed": n}``, a sweep's search), recorded on
+    the run."""
+    spec = spec_with_override(profile.spec, load_override)
     try:
         planned = plan(spec)
     except SpecError as exc:

@@ -450,7 +450,12 @@ def _measure(trial: SweepTrial, lane: SweepLane, load: float) -> dict:
             label=f"sweep #{sweep.pk} trial {trial.index} @ {load:.3g} {unit}"[:100],
             enqueue=False,
             owner=sweep,
-            load_override={"mode": sweep.load_mode, "value": load},
+            # A new seed per load: fresh prompts, not the previous load's cached ones.
+            load_override={
+                "mode": sweep.load_mode,
+                "value": load,
+                "seed": _seed(sweep) + 1000 * trial.index + len(trial.probes) + 1,
+            },
         )
     except benchmark_runs.RunRefused as exc:
         raise TrialBroken(f"the benchmark could not start: {exc}") from None
@@ -488,6 +493,10 @@ def _measure(trial: SweepTrial, lane: SweepLane, load: float) -> dict:
     trial.save(update_fields=["probes"])
     publish_sweep(sweep)
     return numbers
+
+
+def _seed(sweep: Sweep) -> int:
+    return int((sweep.load_profile.spec or {}).get("seed") or 0)
 
 
 def run_numbers(run: BenchmarkRun) -> dict:
