@@ -204,3 +204,46 @@ def _lane_thread(lane_pk: int) -> None:
         sweep_trials.run_lane(lane_pk)
     finally:
         close_old_connections()
+
+
+def test_twin_deployments_run_trials_side_by_side(operator, deployment):
+    """Two deployments of the same model and GPU: each lane takes the next queued trial,
+    so the trials spread over both, and both get their own config back."""
+    twin = make_sim_deployment(
+        deployment.host,
+        name="llama-twin",
+        simulator={"gpu": "h100-sxm", "startup_seconds": 0.3, "time_scale": 0.5},
+    )
+    config = EngineConfig.objects.create_next(twin, {**BASE, "max_num_seqs": 6})
+    op = EngineOperation.objects.create(deployment=twin, kind="apply", config=config)
+    host_operations.run_operation(EngineOperation.objects.get(pk=op.pk))
+    twin.refresh_from_db()
+    assert twin.active_config == config
+    assert [d.pk for d in sweeps.twins(deployment)] == [twin.pk]
+
+    sweep = made(
+        operator,
+        deployment,
+        space={"max_num_seqs": [2, 8, 12]},
+        max_trials=4,
+        max_steps=2,
+        twin_deployments=[twin],
+    )
+    lanes = started(operator, sweep)
+    assert len(lanes) == 2
+    workers = [threading.Thread(target=_lane_thread, args=(pk,)) for pk in lanes]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=300)
+    sweep.refresh_from_db()
+    assert sweep.state == SweepState.DONE, sweep.outcome
+    used = {t.lane.deployment_id for t in sweep.trials.all()}
+    assert used == {deployment.pk, twin.pk}
+    twin.refresh_from_db()
+    deployment.refresh_from_db()
+    assert twin.active_config == config  # its own original, not the primary's
+    assert deployment.active_config == sweep.base_config
+    # The same settings on either lane: a trial on the twin ran the primary's settings.
+    for trial in sweep.trials.filter(lane__deployment=twin):
+        assert trial.config.settings == trial.settings

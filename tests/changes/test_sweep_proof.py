@@ -15,11 +15,15 @@ import pytest
 
 from changes.choices import SweepState, TrialState
 from changes.services import sweep_trials
-from tests.changes.test_sweep_agent import BASE, LOAD, agent, deployment, made, started  # noqa: F401
+from tests.changes import test_sweep_agent as support
+from tests.changes.test_sweep_agent import LOAD, made, started
 from tests.factories import make_profile
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
+# The same simulated deployment as the worker-path tests.
+agent = support.agent
+deployment = support.deployment
 SPACE = {"max_num_seqs": [4, 8, 12], "max_num_batched_tokens": [256, 1024]}
 GRID_POINTS = 6
 
