@@ -472,9 +472,14 @@ def _measure(trial: SweepTrial, lane: SweepLane, load: float) -> dict:
     if run.status == OperationStatus.CANCELLED:
         raise Cancelled()
     if run.status != OperationStatus.SUCCEEDED:
+        # A run fails when the engine fails it (its error rate limit, no success at all, a
+        # lost connection); an overload only makes it slow. Either way its numbers are the
+        # engine's trouble, not a load the SLO holds at or not: the trial cannot go on.
         problem = verification.health_problem(lane.deployment)
-        if problem:
-            raise TrialBroken(f"the engine stopped serving during {run}: {problem}")
+        raise TrialBroken(
+            f"the engine failed during {run}: {run.error or run.status}"
+            + (f"; now: {problem}" if problem else "")
+        )
     numbers = run_numbers(run)
     slo = Slo.from_dict(sweep.slo)
     check = slo.check(numbers)

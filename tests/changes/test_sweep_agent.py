@@ -9,6 +9,7 @@ so that predicted and measured loads are comparable."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from unittest import mock
@@ -247,3 +248,35 @@ def test_twin_deployments_run_trials_side_by_side(operator, deployment):
     # The same settings on either lane: a trial on the twin ran the primary's settings.
     for trial in sweep.trials.filter(lane__deployment=twin):
         assert trial.config.settings == trial.settings
+
+
+def test_an_engine_dying_mid_trial_fails_it_restores_and_goes_on(operator, deployment):
+    original = deployment.active_config
+    sweep = made(operator, deployment, space={"max_num_seqs": [2, 8, 12]}, max_trials=3)
+    (lane,) = started(operator, sweep)
+    worker = threading.Thread(target=_lane_thread, args=(lane,))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            trial = sweep.trials.get(index=2)
+            if trial.state == TrialState.RUNNING and trial.runs.filter(status="running"):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the second trial never started measuring")
+        time.sleep(0.5)
+        # The engine process dies under load (a crash, an OOM kill).
+        subprocess.run(["pkill", "-9", "-f", f"port {deployment.port}"], check=False)
+    finally:
+        worker.join(timeout=240)
+    sweep.refresh_from_db()
+    broken = sweep.trials.get(index=2)
+    assert broken.state == TrialState.FAILED
+    assert "the engine failed during" in broken.error
+    # The lane went on: the next trial ran on the original config's engine put back first.
+    assert sweep.trials.get(index=3).state == TrialState.SUCCEEDED
+    assert sweep.state == SweepState.DONE
+    deployment.refresh_from_db()
+    assert deployment.active_config == original
+    assert sweep.lanes.get().state == LaneState.RESTORED
