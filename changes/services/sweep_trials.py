@@ -109,6 +109,7 @@ def predict(sweep: Sweep) -> Sweep:
             workload,
             sweep.load_mode,
             slo,
+            objective=sweep.objective,
             **options,
         )
         ranked = [p for p in prediction.points if p.feasible]
@@ -138,8 +139,11 @@ def _progress_note(sweep: Sweep, done: int, total: int) -> None:
 
 
 def _fail_prediction(sweep: Sweep, prediction) -> Sweep:
-    groups = prediction.to_dict().get("infeasible") or {}
-    reasons = "; ".join(list(groups)[:3]) or "the engine would refuse every config"
+    groups = prediction.to_dict().get("infeasible") or []
+    reasons = (
+        "; ".join(f"{g['count']}× {g['error']}" for g in groups[:3])
+        or "the engine would refuse every config"
+    )
     with transaction.atomic():
         sweep = Sweep.objects.select_for_update().get(pk=sweep.pk)
         sweep.prediction = prediction.to_dict()

@@ -1,0 +1,309 @@
+"""Tuning sweeps without an engine: what is refused at creation, the prediction's outcomes
+(trials chosen, an infeasible space, no point meeting the SLO), approvals, the queue's
+budget and cancel, the winner and the end-of-sweep text, lost lanes, the deployment hold.
+The worker path against a real agent and simulator is test_sweep_agent.py."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from unittest import mock
+
+import pytest
+from django.core.exceptions import PermissionDenied
+from django.utils import timezone
+
+from changes.choices import LaneState, SweepState, TrialState
+from changes.models import Sweep, SweepLane
+from changes.rules_sweeps import SweepRefused
+from changes.services import sweep_trials, sweeps
+from hosts.services import occupancy
+from tests.factories import make_config, make_host, make_profile, make_sim_deployment
+
+pytestmark = pytest.mark.django_db
+
+BASE = {"gpu_memory_utilization": 0.9, "max_model_len": 8192, "max_num_seqs": 4}
+LOAD = {
+    "stages": [{"name": "main", "request_rate": 10, "num_requests": 100}],
+    "input_len": {"kind": "fixed", "mean": 256},
+    "output_len": {"kind": "fixed", "mean": 32},
+}
+
+
+@pytest.fixture
+def deployment():
+    deployment = make_sim_deployment(make_host(name="sweep-unit"))
+    deployment.active_config = make_config(deployment, BASE)
+    deployment.save()
+    return deployment
+
+
+def create(user, deployment, **kw) -> Sweep:
+    with mock.patch("changes.services.sweeps.enqueue_on_commit"):
+        return sweeps.create_sweep(
+            user,
+            deployment,
+            title="t",
+            profile=kw.pop("profile", None) or make_profile(spec=LOAD),
+            space=kw.pop("space", {"max_num_seqs": [2, 8, 16]}),
+            slo=kw.pop("slo", {"ttft_p95_ms": 300}),
+            **kw,
+        )
+
+
+def predicted(user, deployment, **kw) -> Sweep:
+    return sweep_trials.predict(Sweep.objects.get(pk=create(user, deployment, **kw).pk))
+
+
+# --- creation ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kw, field, words",
+    [
+        ({"space": {}}, "space", "at least one flag"),
+        ({"space": {"max_num_seqz": [1]}}, "space", "max_num_seqz"),
+        ({"space": {"max_num_seqs": "a,b"}}, "space", "max_num_seqs"),
+        ({"space": {"api_key": ["x"]}}, "space", "api_key"),
+        ({"slo": {}}, "slo", "latency limit"),
+        ({"slo": {"ttft_p95_ms": -1}}, "slo", "ttft_p95_ms"),
+        ({"load_mode": "bursts"}, "load_mode", "rate"),
+        ({"max_trials": 0}, "max_trials", "Between 1 and 30"),
+        ({"max_steps": 40}, "max_steps", "Between 2 and 12"),
+    ],
+)
+def test_bad_input_is_refused_by_field_and_nothing_is_stored(
+    operator, deployment, kw, field, words
+):
+    with pytest.raises(sweeps.SweepInvalid) as refused:
+        create(operator, deployment, **kw)
+    assert words in refused.value.errors[field]
+    assert not Sweep.objects.exists()
+
+
+def test_space_errors_name_their_flag(operator, deployment):
+    with pytest.raises(sweeps.SweepInvalid) as refused:
+        create(operator, deployment, space={"max_num_seqs": [0], "max_model_len": [8192]})
+    assert set(refused.value.space_errors) == {"max_num_seqs"}
+
+
+def test_cost_objective_needs_a_price(operator, deployment):
+    deployment.host.hourly_price = 0
+    deployment.host.save()
+    with pytest.raises(sweeps.SweepInvalid) as refused:
+        create(operator, deployment, objective="cost_per_million")
+    assert "hourly price" in refused.value.errors["objective"]
+
+
+def test_viewers_cannot_make_sweeps(viewer, deployment):
+    with pytest.raises(PermissionDenied):
+        create(viewer, deployment)
+
+
+def test_a_sweep_needs_a_running_config(operator, deployment):
+    deployment.active_config = None
+    deployment.save()
+    with pytest.raises(sweeps.SweepInvalid, match="no running config"):
+        create(operator, deployment)
+
+
+# --- the prediction ----------------------------------------------------------------------------
+def test_prediction_chooses_the_control_and_the_best_points(operator, deployment):
+    sweep = predicted(operator, deployment, max_trials=3)
+    assert sweep.state == SweepState.READY
+    trials = list(sweep.trials.order_by("index"))
+    assert trials[0].is_control and trials[0].settings == BASE
+    assert [t.point for t in trials[1:]] == [{"max_num_seqs": 16}, {"max_num_seqs": 8}]
+    assert [t.predicted_rank for t in trials[1:]] == [1, 2]
+    assert sweep.prediction["counts"]["total"] == 3
+    # The control has its prediction too, for its prediction error.
+    assert trials[0].predicted["max_load"] > 0
+
+
+def test_an_infeasible_space_fails_with_the_engines_words(operator, deployment):
+    sweep = predicted(operator, deployment, space={"gpu_memory_utilization": [0.05, 0.06]})
+    assert sweep.state == SweepState.FAILED
+    assert "No config of the space can start" in sweep.outcome
+    assert "memory" in sweep.outcome.lower()
+    assert not sweep.trials.exists()
+    assert sweep.lanes.get().state == LaneState.RESTORED  # never held anything
+
+
+def test_no_point_meeting_the_slo_is_said_with_the_closest(operator, deployment):
+    sweep = predicted(operator, deployment, slo={"ttft_p95_ms": 1})
+    assert sweep.prediction["no_point_meets"] is True
+    assert sweep.prediction["closest"] is not None
+    # Trials still run (a prediction is not proof): the closest candidates.
+    assert sweep.trials.count() == sweep.max_trials
+
+
+def test_a_production_host_needs_two_approvals_never_the_authors(
+    operator, approver, admin, deployment
+):
+    deployment.host.labels = {"env": "production"}
+    deployment.host.save()
+    sweep = predicted(operator, deployment)
+    assert sweep.required_approvals == 2
+    assert sweep.state == SweepState.PENDING
+    with pytest.raises(SweepRefused):
+        sweeps.start_sweep(operator, sweep)
+    with pytest.raises(PermissionDenied):
+        sweeps.review_sweep(operator, sweep, "approve")  # Operators do not review
+    sweeps.review_sweep(approver, sweep, "approve")
+    assert Sweep.objects.get(pk=sweep.pk).state == SweepState.PENDING
+    with pytest.raises(SweepRefused, match="already reviewed"):
+        sweeps.review_sweep(approver, sweep, "approve")
+    sweeps.review_sweep(admin, sweep, "approve", "looks safe")
+    assert Sweep.objects.get(pk=sweep.pk).state == SweepState.READY
+
+
+def test_a_rejected_sweep_ends_and_its_trials_never_run(operator, approver, deployment):
+    deployment.host.labels = {"env": "production"}
+    deployment.host.save()
+    sweep = predicted(operator, deployment)
+    sweeps.review_sweep(approver, sweep, "reject", "not during the sale")
+    sweep.refresh_from_db()
+    assert sweep.state == SweepState.REJECTED
+    assert "not during the sale" in sweep.outcome
+    assert not sweep.trials.filter(state=TrialState.QUEUED).exists()
+
+
+def test_cancel_while_predicting_creates_no_trials(operator, deployment):
+    sweep = create(operator, deployment)
+    sweeps.cancel_sweep(operator, sweep)
+    sweep_trials.predict(Sweep.objects.get(pk=sweep.pk))
+    sweep.refresh_from_db()
+    assert sweep.state == SweepState.CANCELLED
+    assert not sweep.trials.exists()
+
+
+# --- running -----------------------------------------------------------------------------------
+def started(user, sweep) -> Sweep:
+    with mock.patch("changes.services.sweeps.enqueue_on_commit") as queued:
+        sweeps.start_sweep(user, sweep)
+    assert queued.call_count == sweep.lanes.count()
+    return Sweep.objects.get(pk=sweep.pk)
+
+
+def test_a_running_sweep_holds_its_deployment(operator, deployment):
+    sweep = started(operator, predicted(operator, deployment))
+    lane = sweep.lanes.get()
+    assert lane.state == LaneState.QUEUED
+    (holder,) = occupancy.occupants(deployment)
+    assert holder.subject == sweep and "sweep" in holder.text.lower()
+
+
+def test_a_config_changed_since_the_sweep_refuses_its_start(operator, deployment):
+    sweep = predicted(operator, deployment)
+    deployment.active_config = make_config(deployment, {**BASE, "max_num_seqs": 6})
+    deployment.save()
+    with pytest.raises(SweepRefused, match="no longer runs"):
+        sweeps.start_sweep(operator, sweep)
+
+
+def test_the_wall_time_budget_skips_trials_not_started(operator, deployment):
+    sweep = started(operator, predicted(operator, deployment))
+    Sweep.objects.filter(pk=sweep.pk).update(started_at=timezone.now() - timedelta(hours=2))
+    lane = sweep.lanes.get()
+    assert sweep_trials._next_trial(lane) is None
+    skipped = sweep.trials.filter(state=TrialState.SKIPPED)
+    assert skipped.count() == sweep.trials.count()
+    assert "wall-time budget" in skipped.first().note
+
+
+def test_a_lane_lost_by_its_worker_is_found_and_taken_over(operator, deployment, settings):
+    settings.CHANGE_HEARTBEAT_SECONDS = 1
+    sweep = started(operator, predicted(operator, deployment))
+    lane = sweep.lanes.get()
+    assert sweep_trials.claim_lane(lane.pk, "worker-a") is not None
+    trial = sweep_trials._next_trial(SweepLane.objects.get(pk=lane.pk))
+    assert sweep_trials.claim_lane(lane.pk, "worker-b") is None  # worker-a is alive
+    SweepLane.objects.filter(pk=lane.pk).update(heartbeat_at=timezone.now() - timedelta(10))
+    assert list(sweep_trials.lost_lanes()) == [lane]
+    taken = sweep_trials.claim_lane(lane.pk, "worker-b")
+    assert taken is not None and taken.owner == "worker-b"
+    sweep_trials._fail_orphans(taken)
+    trial.refresh_from_db()
+    assert trial.state == TrialState.FAILED and "stopped" in trial.error
+
+
+def measured(sweep, index, objective, *, met=True, state=TrialState.SUCCEEDED, **kw):
+    trial = sweep.trials.get(index=index)
+    trial.state, trial.met_slo, trial.objective_value = state, met, objective
+    trial.max_load = kw.pop("max_load", 10.0)
+    trial.numbers = {"output_tps_per_gpu": objective, "ttft_p95_ms": 200}
+    trial.probes = [{"load": trial.max_load, "margin": kw.pop("margin", 0.1), "ok": met}]
+    trial.finished_at = timezone.now()
+    trial.save()
+    return trial
+
+
+def ended(sweep) -> Sweep:
+    SweepLane.objects.filter(sweep=sweep).update(state=LaneState.RESTORED)
+    sweep_trials.finish_if_done(sweep.pk)
+    return Sweep.objects.get(pk=sweep.pk)
+
+
+def test_the_winner_is_the_best_measured_that_met_the_slo(operator, deployment):
+    sweep = started(operator, predicted(operator, deployment, max_trials=3))
+    measured(sweep, 1, 800.0)
+    measured(sweep, 2, 2000.0, met=False)  # faster, but out of SLO: not a winner
+    winner = measured(sweep, 3, 1200.0)
+    sweep = ended(sweep)
+    assert sweep.state == SweepState.DONE
+    assert sweep.winner == winner
+    assert "Winner: trial 3" in sweep.outcome and "+50%" in sweep.outcome
+
+
+def test_cost_objective_takes_the_cheapest(operator, deployment):
+    sweep = started(operator, predicted(operator, deployment, max_trials=3))
+    Sweep.objects.filter(pk=sweep.pk).update(objective="cost_per_million")
+    sweep.refresh_from_db()
+    measured(sweep, 1, 3.0)
+    cheapest = measured(sweep, 2, 1.5)
+    measured(sweep, 3, 2.0)
+    assert ended(sweep).winner == cheapest
+
+
+def test_no_trial_meeting_the_slo_says_so_with_the_closest(operator, deployment):
+    sweep = started(operator, predicted(operator, deployment, max_trials=2))
+    measured(sweep, 1, 800.0, met=False, margin=-0.5)
+    measured(sweep, 2, 900.0, met=False, margin=-0.1)
+    sweep = ended(sweep)
+    assert sweep.winner is None and sweep.state == SweepState.DONE
+    assert "No trial met the SLO" in sweep.outcome and "closest: trial 2" in sweep.outcome
+    with pytest.raises(SweepRefused, match="no winner"):
+        sweeps.propose_winner(operator, sweep)
+
+
+def test_a_failed_restore_fails_the_sweep_and_says_so(operator, deployment):
+    sweep = started(operator, predicted(operator, deployment, max_trials=2))
+    measured(sweep, 1, 800.0)
+    measured(sweep, 2, 900.0)
+    SweepLane.objects.filter(sweep=sweep).update(
+        state=LaneState.FAILED, note="restoring v1 failed: engine failed"
+    )
+    sweep_trials.finish_if_done(sweep.pk)
+    sweep.refresh_from_db()
+    assert sweep.state == SweepState.FAILED
+    assert "restoring v1 failed" in sweep.outcome
+
+
+def test_propose_the_winner_makes_a_change_with_the_sweep_as_evidence(operator, deployment):
+    sweep = started(operator, predicted(operator, deployment, max_trials=2))
+    measured(sweep, 1, 800.0)
+    winner = measured(sweep, 2, 1600.0)
+    sweep = ended(sweep)
+    change = sweeps.propose_winner(operator, sweep)
+    assert change.sweep == sweep and change.state == "pending"
+    assert change.settings == {**BASE, **winner.point}
+    assert f"/sweeps/{sweep.pk}/" in change.rationale
+    assert change.verify_profile == sweep.load_profile
+
+
+def test_the_control_winning_cannot_be_proposed(operator, deployment):
+    sweep = started(operator, predicted(operator, deployment, max_trials=2))
+    measured(sweep, 1, 1800.0)
+    measured(sweep, 2, 900.0)
+    sweep = ended(sweep)
+    assert sweep.winner.is_control
+    assert "already the best" in sweep.outcome
+    with pytest.raises(SweepRefused, match="nothing to change"):
+        sweeps.propose_winner(operator, sweep)
