@@ -232,11 +232,8 @@ def sweep_cancel(request, pk):
 def sweep_propose(request, pk):
     """The winner as a change pending review, with the sweep as its evidence."""
     sweep = get_object_or_404(Sweep.objects.select_related("deployment__active_config"), pk=pk)
-    running = sweep.deployment.active_config
-    # The running config's environment and CPU placement stay, as the change form keeps them.
-    carried = {"env": dict(running.env), "placement": dict(running.placement)} if running else {}
     try:
-        change = sweeps.propose_winner(request.user, sweep, **carried)
+        change = sweeps.propose_winner(request.user, sweep)
     except (SweepRefused, ChangeRefused) as exc:
         messages.error(request, str(exc))
         return redirect(sweep)

@@ -11,6 +11,7 @@ NAVIGATION = (
     ("Hosts", "hosts:list", "hosts.view_host"),
     ("Benchmarks", "benchmarks:list", "benchmarks.view_benchmarkrun"),
     ("Changes", "changes:list", "changes.view_changerequest"),
+    ("Sweeps", "changes:sweeps", "changes.view_sweep"),
     ("Cost", "cost", "benchmarks.view_benchmarkrun"),
     ("Audit log", "audit", "controlpanel.view_auditentry"),
 )
@@ -22,11 +23,13 @@ def panel(request):
         return {"nav": [], "roles": [], "currency": settings.PANEL_CURRENCY}
     path = request.path
     nav = []
-    for label, name, perm in NAVIGATION:
+    urls = [reverse(name) for _, name, _ in NAVIGATION]
+    for (label, _, perm), url in zip(NAVIGATION, urls, strict=True):
         if not user.has_perm(perm):
             continue
-        url = reverse(name)
-        active = path == url if url == "/" else path.startswith(url)
+        # The longest matching entry is the page's (/changes/sweeps/ is Sweeps, not Changes).
+        longer = any(o != url and o.startswith(url) and path.startswith(o) for o in urls)
+        active = path == url if url == "/" else path.startswith(url) and not longer
         nav.append({"label": label, "url": url, "active": active})
     return {
         "nav": nav,

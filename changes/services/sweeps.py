@@ -376,10 +376,36 @@ def winner_proposal(sweep: Sweep) -> dict:
     lines.append(f"Evidence: {sweep.get_absolute_url()}")
     return {
         "settings": settings,
+        # The running config's environment and CPU placement stay, as the change form
+        # keeps them: the sweep searched engine flags only.
+        "env": dict(running.env) if running else {},
+        "placement": dict(running.placement) if running else {},
         "title": f"Sweep #{sweep.pk} winner: {trial.label}"[:120],
         "rationale": "\n".join(lines),
-        "verify_profile": sweep.load_profile,
+        "verify_profile": verification_profile(sweep, control),
     }
+
+
+def verification_profile(sweep: Sweep, control: SweepTrial | None) -> LoadProfile:
+    """The load the winner's change is verified under: the sweep's profile at the highest
+    load the running config met the SLO at (the control's measured limit), where the change
+    must be no worse. At the profile's saved load (a few req/s) both configs idle and the
+    verification could show nothing; at the winner's own limit the running config is far
+    past its capacity, its baseline unusable. Without a measured control: the profile as
+    saved."""
+    if control is None or not control.met_slo or not control.max_load:
+        return sweep.load_profile
+    from benchmarks.sweep.load import apply_load
+
+    profile = sweep.load_profile
+    unit = "req/s" if sweep.load_mode == "rate" else "users"
+    return LoadProfile.objects.create_next(
+        f"{profile.name} @ {control.max_load:.3g} {unit}"[:100],
+        apply_load(profile.spec, sweep.load_mode, control.max_load),
+        description=f"{profile} at the running config's limit measured by sweep #{sweep.pk}.",
+        note=f"sweep #{sweep.pk}: verifies its winner where the running config met the SLO",
+        created_by=sweep.created_by,
+    )
 
 
 def outcome_line(sweep: Sweep, trial: SweepTrial) -> str:

@@ -295,7 +295,9 @@ def test_propose_the_winner_makes_a_change_with_the_sweep_as_evidence(operator, 
     assert change.sweep == sweep and change.state == "pending"
     assert change.settings == {**BASE, **winner.point}
     assert f"/sweeps/{sweep.pk}/" in change.rationale
-    assert change.verify_profile == sweep.load_profile
+    # Verified where the running config met the SLO (the control's measured limit).
+    assert change.verify_profile.spec["stages"][0]["request_rate"] == 10.0
+    assert change.verify_profile.name.startswith(sweep.load_profile.name + " @ 10")
 
 
 def test_the_control_winning_cannot_be_proposed(operator, deployment):

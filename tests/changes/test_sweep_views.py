@@ -467,7 +467,9 @@ def test_propose_the_winner(client, operator, viewer, deployment, profile):
     assert response.status_code == 302 and response["Location"] == change.get_absolute_url()
     assert change.sweep == sweep and change.state == ChangeState.PENDING
     assert change.proposed_by == operator
-    assert change.verify_profile == profile
+    # Verified under the sweep's load at the running config's measured limit (the control's).
+    assert change.verify_profile.name == f"{profile.name} @ 3 req/s"
+    assert change.verify_profile.spec["stages"][0]["request_rate"] == 3.0
     # The running config's environment and placement stay with the change.
     assert change.env == {"CUDA_VISIBLE_DEVICES": "0"} and change.placement["numa_node"] == 0
     assert change.settings["max_num_seqs"] == 128
@@ -481,10 +483,12 @@ def test_propose_the_winner(client, operator, viewer, deployment, profile):
 def test_entry_points(client, operator, viewer, deployment, profile):
     client.force_login(operator)
     host = client.get(reverse("hosts:detail", args=[deployment.host_id]))
-    if host.status_code == 200 and b"data-deployment" in host.content:
-        assert f'data-testid="tune-{deployment.name}"'.encode() in host.content
+    assert host.status_code == 200
+    assert f'data-testid="tune-{deployment.name}"'.encode() in host.content
     home = client.get(url("sweeps")).content.decode()
-    assert 'data-testid="nav-sweeps"' in home
+    # Sweeps is the page's entry in the navigation, not Changes (a prefix of its URL).
+    assert 'class="active" aria-current="page">Sweeps</a>' in home
+    assert 'aria-current="page">Changes</a>' not in home
     client.force_login(viewer)
     assert b'data-testid="new-sweep"' not in client.get(url("sweeps")).content
     run = make_finished_run(deployment, load_profile=profile)

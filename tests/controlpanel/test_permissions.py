@@ -78,6 +78,15 @@ MATRIX = [
     ("changes:advisor_fleet", "get", ALL),
     ("changes:advisor_dismiss", "post", OPERATORS),
     ("cost", "get", ALL),
+    ("changes:sweeps", "get", ALL),
+    ("changes:sweep_new", "get", OPERATORS),
+    ("changes:sweep", "get", ALL),
+    ("changes:sweep_part", "get", ALL),
+    ("changes:sweep_approve", "post", ["approver", "admin"]),
+    ("changes:sweep_reject", "post", ["approver", "admin"]),
+    ("changes:sweep_start", "post", OPERATORS),
+    ("changes:sweep_cancel", "post", OPERATORS),
+    ("changes:sweep_propose", "post", OPERATORS),
 ]
 # Public on purpose, or Django's own account views, which every logged-in user may use.
 PUBLIC = {
@@ -127,7 +136,38 @@ ARGS = {
     "changes:advisor_deployment": lambda o: [o["deployment"]],
     "changes:advisor_run": lambda o: [o["benchmarks"]],
     "changes:advisor_dismiss": lambda o: [_finding(o)],
+    **{
+        name: lambda o: [_sweep(o)]
+        for name in (
+            "changes:sweep",
+            "changes:sweep_part",
+            "changes:sweep_approve",
+            "changes:sweep_reject",
+            "changes:sweep_start",
+            "changes:sweep_cancel",
+            "changes:sweep_propose",
+        )
+    },
 }
+
+
+def _sweep(o) -> int:
+    """A sweep pending review on the deployment, made by nobody in the personas."""
+    from benchmarks.models import LoadProfile
+    from changes.models import Sweep
+
+    sweep, _ = Sweep.objects.get_or_create(
+        deployment_id=o["deployment"],
+        title="more throughput",
+        defaults={
+            "state": "pending",
+            "required_approvals": 1,
+            "load_profile": LoadProfile.objects.get(pk=o["profile"]),
+            "space": {"max_num_seqs": [64, 128]},
+            "slo": {"ttft_p95_ms": 500, "max_error_rate": 0.01},
+        },
+    )
+    return sweep.pk
 
 
 def _change(o) -> int:

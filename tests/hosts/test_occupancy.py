@@ -64,7 +64,12 @@ def holding_change(operator, approver, deployment, state="applying") -> ChangeRe
 
 
 def test_every_app_registers_what_holds_a_deployment():
-    assert occupancy.holders() == ("hosts.operation", "benchmarks.run", "changes.lock")
+    assert occupancy.holders() == (
+        "hosts.operation",
+        "benchmarks.run",
+        "changes.lock",
+        "changes.sweep",
+    )
 
 
 @pytest.mark.parametrize("status", ["queued", "running"])
