@@ -45,13 +45,13 @@ PREDICT_SWEEP = timelimits.TimeLimit(570, 600)
 @shared_task(ignore_result=True, **PREDICT_SWEEP.options())
 def predict_sweep(sweep_pk: int) -> None:
     from changes.models import Sweep
-    from changes.services import sweep_trials
+    from changes.services import sweep_prediction
 
     run_job(
         Sweep.objects.select_related("deployment__host", "base_config", "load_profile"),
         sweep_pk,
-        sweep_trials.predict,
-        lambda sweep, error: sweep_trials.fail_prediction(sweep.pk, error),
+        sweep_prediction.predict,
+        lambda sweep, error: sweep_prediction.fail_prediction(sweep.pk, error),
         what="the sweep's prediction",
         finished=lambda sweep: sweep.state != "predicting",
     )

@@ -29,9 +29,7 @@ def export_spec(run: BenchmarkRun) -> dict | None:
     if run.load_profile is None or run.load_profile.spec.get("replay"):
         return None
     try:
-        return build_spec(
-            run.profile_spec, run.deployment.engine_url, run.model_name
-        ).to_dict()
+        return build_spec(run.profile_spec, run.deployment.engine_url, run.model_name).to_dict()
     except SpecError:
         return None
 

@@ -22,7 +22,7 @@ from benchmarks.services import runs as benchmark_runs
 from changes.choices import LaneState, SweepState, TrialState
 from changes.models import Sweep, SweepTrial
 from changes.rules_sweeps import SweepRefused
-from changes.services import sweep_trials, sweeps
+from changes.services import sweep_prediction, sweep_trials, sweeps
 from hosts.models import EngineConfig, EngineOperation
 from hosts.services import operations as host_operations
 from tests.factories import make_host, make_profile, make_sim_deployment
@@ -78,7 +78,7 @@ def made(operator, deployment, **kw) -> Sweep:
             **{"max_trials": 2, "max_steps": 4, **kw},
         )
     queued.assert_called_once_with(sweeps.PREDICT_TASK, sweep.pk)
-    return sweep_trials.predict(Sweep.objects.get(pk=sweep.pk))
+    return sweep_prediction.predict(Sweep.objects.get(pk=sweep.pk))
 
 
 def started(operator, sweep) -> list[int]:

@@ -15,7 +15,7 @@ from django.utils import timezone
 from changes.choices import LaneState, SweepState, TrialState
 from changes.models import Sweep, SweepLane
 from changes.rules_sweeps import SweepRefused
-from changes.services import sweep_trials, sweeps
+from changes.services import sweep_prediction, sweep_trials, sweeps
 from hosts.services import occupancy
 from tests.factories import make_config, make_host, make_profile, make_sim_deployment
 
@@ -51,7 +51,7 @@ def create(user, deployment, **kw) -> Sweep:
 
 
 def predicted(user, deployment, **kw) -> Sweep:
-    return sweep_trials.predict(Sweep.objects.get(pk=create(user, deployment, **kw).pk))
+    return sweep_prediction.predict(Sweep.objects.get(pk=create(user, deployment, **kw).pk))
 
 
 # --- creation ----------------------------------------------------------------------------------
@@ -168,7 +168,7 @@ def test_a_rejected_sweep_ends_and_its_trials_never_run(operator, approver, depl
 def test_cancel_while_predicting_creates_no_trials(operator, deployment):
     sweep = create(operator, deployment)
     sweeps.cancel_sweep(operator, sweep)
-    sweep_trials.predict(Sweep.objects.get(pk=sweep.pk))
+    sweep_prediction.predict(Sweep.objects.get(pk=sweep.pk))
     sweep.refresh_from_db()
     assert sweep.state == SweepState.CANCELLED
     assert not sweep.trials.exists()
