@@ -9,13 +9,10 @@ whose space turns on a flag that loads code needs an Admin, as such a change doe
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 from django.core.exceptions import PermissionDenied
 
 from changes.choices import SweepState
-from changes.rules import APPLY, APPROVE, OVERRIDE, PROPOSE
+from changes.rules import APPLY, APPROVE, OVERRIDE, PROPOSE, Rule
 
 S = SweepState
 
@@ -80,12 +77,6 @@ def _proposable(sweep) -> str | None:
 
 def _always(sweep) -> str | None:
     return None
-
-
-@dataclass(frozen=True)
-class Rule:
-    who: Callable
-    when: Callable
 
 
 RULES: dict[str, Rule] = {

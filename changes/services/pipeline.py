@@ -8,12 +8,11 @@ over from a lost worker continues after the last step that finished.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 
 from django.conf import settings as conf
-from django.db import close_old_connections, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from benchmarks.services import runs as benchmark_runs
@@ -22,6 +21,7 @@ from changes.models import ChangeRequest
 from changes.services import stages as pipeline_stages
 from changes.services.stages import WHILE_APPLYING, RollbackRequested, StageFailed, run_inline
 from changes.services.timeline import finish, record_stage
+from controlpanel.heartbeat import Heartbeat
 from hosts.choices import OperationOutcome
 from hosts.services import operations as host_operations
 from hosts.services import transports as host_transports
@@ -31,35 +31,6 @@ S = ChangeState
 
 
 # --- claiming ----------------------------------------------------------------------------------
-class Heartbeat:
-    """Stamps the change every few seconds from a thread while its pipeline runs, so a resume
-    can tell a live pipeline (busy in a long benchmark) from a lost one."""
-
-    def __init__(self, change_pk: int, owner: str):
-        self.change_pk, self.owner = change_pk, owner
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"change-{change_pk}", daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self):
-        try:
-            while not self._stop.wait(conf.CHANGE_HEARTBEAT_SECONDS):
-                ChangeRequest.objects.filter(pk=self.change_pk, pipeline_owner=self.owner).update(
-                    pipeline_heartbeat_at=timezone.now()
-                )
-        except Exception:  # noqa: BLE001 - a missed beat only makes a resume possible sooner
-            log.warning("heartbeat of change %s stopped", self.change_pk, exc_info=True)
-        finally:
-            close_old_connections()
-
-
 def claim(change_pk: int, owner: str, wait_s: float | None = None) -> ChangeRequest | None:
     """Take the change's pipeline for ``owner``. A claim whose heartbeat is fresh belongs to a
     live worker: wait (a redelivery right after a crash) up to ``wait_s``, then give up."""
@@ -87,7 +58,9 @@ def run_pipeline(change_pk: int, owner: str | None = None, stages=None) -> Chang
     change = claim(change_pk, owner)
     if change is None:
         return None
-    with Heartbeat(change.pk, owner):
+    beating = ChangeRequest.objects.filter(pk=change.pk, pipeline_owner=owner)
+    every = conf.CHANGE_HEARTBEAT_SECONDS
+    with Heartbeat(beating, "pipeline_heartbeat_at", every, f"change-{change.pk}"):
         drive(
             ChangeRequest.objects.select_related(
                 "deployment__host", "base_config", "snapshot_config", "applied_config"

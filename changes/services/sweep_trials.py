@@ -8,10 +8,9 @@ a lost worker).
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
 
-from django.db import close_old_connections, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from benchmarks.models import BenchmarkRun
@@ -27,6 +26,7 @@ from changes.services import verification
 from changes.services.stages import run_inline
 from changes.services.sweeps import publish_sweep
 from controlpanel.choices import OperationStatus
+from controlpanel.heartbeat import Heartbeat
 from controlpanel.services import audit
 from hosts.choices import OperationOutcome
 from hosts.models import EngineConfig
@@ -47,35 +47,6 @@ class TrialBroken(Exception):
 
 
 # --- a lane ------------------------------------------------------------------------------------
-class LaneHeartbeat:
-    """Stamps the lane every few seconds while it works, so a lost worker's lane can be told
-    from one busy in a long benchmark (``resume_lost_lanes``)."""
-
-    def __init__(self, lane_pk: int, owner: str, every_s: float):
-        self.lane_pk, self.owner, self.every_s = lane_pk, owner, every_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name=f"lane-{lane_pk}")
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self):
-        try:
-            while not self._stop.wait(self.every_s):
-                SweepLane.objects.filter(pk=self.lane_pk, owner=self.owner).update(
-                    heartbeat_at=timezone.now()
-                )
-        except Exception:  # noqa: BLE001 - a missed beat only makes a takeover possible sooner
-            log.warning("heartbeat of sweep lane %s stopped", self.lane_pk, exc_info=True)
-        finally:
-            close_old_connections()
-
-
 def claim_lane(lane_pk: int, owner: str) -> SweepLane | None:
     """Take the lane for ``owner`` unless a live worker has it."""
     with transaction.atomic():
@@ -99,7 +70,8 @@ def run_lane(lane_pk: int, owner: str | None = None) -> SweepLane | None:
     lane = claim_lane(lane_pk, owner)
     if lane is None:
         return None
-    with LaneHeartbeat(lane.pk, owner, conf.CHANGE_HEARTBEAT_SECONDS):
+    beating = SweepLane.objects.filter(pk=lane.pk, owner=owner)
+    with Heartbeat(beating, "heartbeat_at", conf.CHANGE_HEARTBEAT_SECONDS, f"lane-{lane.pk}"):
         try:
             _fail_orphans(lane)
             while True:
