@@ -12,6 +12,7 @@ of processes gives exactly what one process gives, only sooner.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import re
 import time
@@ -48,6 +49,8 @@ WIDEN_FACTOR = 2.0
 REQUESTS_PER_CLIENT = 2
 MAX_PROBE_REQUESTS = 1000
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
+# Spaces smaller than this are scored in this process.
+SERIAL_BELOW = 8
 PP_DESTS = ("pipeline_parallel_size", "pp_size")  # none modelled yet; counted when added
 
 
@@ -458,6 +461,8 @@ def predict_space(
     ]
     workers = (os.cpu_count() or 1) if workers is None else max(1, workers)
     workers = min(workers, len(tasks)) or 1
+    if len(tasks) < SERIAL_BELOW:
+        workers = 1  # starting processes costs more than a few points take
     scores, used = _run(tasks, workers, on_progress)
     return Prediction(
         engine=engine,
@@ -493,7 +498,11 @@ def _run(
     used = 1
     if workers > 1:
         try:
-            with ProcessPoolExecutor(max_workers=workers) as pool:
+            # forkserver, not fork: the caller may be a threaded server (the embedded panel
+            # runs its worker in threads beside the web server), and a forked child of a
+            # threaded process can inherit a lock some other thread held.
+            context = multiprocessing.get_context("forkserver")
+            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
                 # Submitting starts the processes: inside a daemonic process (a Celery prefork
                 # child) that raises AssertionError, elsewhere OSError when none may start.
                 futures = {pool.submit(_score_task, t): i for i, t in enumerate(tasks)}

@@ -103,14 +103,15 @@ def space(**raw):
 
 
 def test_pool_and_serial_agree_and_rank():
-    sp = space(max_num_seqs=[2, 8, 32], gpu_memory_utilization=[0.3, 0.9])
+    # 9 points: enough for a pool (smaller spaces are scored in-process).
+    sp = space(max_num_seqs=[2, 8, 32], gpu_memory_utilization=[0.3, 0.6, 0.9])
     seen = []
     args = ("vllm", MODEL, {}, sp, "h100-sxm", 1, RATE, "rate", LOOSE, "tps_per_gpu")
     serial = predict_space(*args, workers=1, on_progress=lambda d, t: seen.append((d, t)))
     pooled = predict_space(*args, workers=2)
     strip = lambda p: {k: v for k, v in p.to_dict().items() if k not in ("elapsed_s", "workers")}  # noqa: E731
     assert strip(serial) == strip(pooled) and pooled.workers == 2
-    assert seen[-1] == (6, 6) and len(seen) == 6
+    assert seen[-1] == (9, 9) and len(seen) == 9
     assert serial.counts == {"total": 6, "feasible": 3, "meeting": 3}
     ranked = serial.ranked()
     assert [p.point["max_num_seqs"] for p in ranked] == [32, 8, 2]
