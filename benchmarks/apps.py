@@ -12,9 +12,11 @@ class BenchmarksConfig(AppConfig):
     name = "benchmarks"
 
     def ready(self):
-        from benchmarks.services import runs
+        from benchmarks.services import probes, runs
         from hosts.services import occupancy
 
         post_migrate.connect(_builtin_profiles, sender=self)
         # A run queued or running holds its deployment (see hosts.services.occupancy).
         occupancy.register("benchmarks.run", runs.occupants)
+        # So does a quality probe: it asks the engine too, and a restart would fail its items.
+        occupancy.register("benchmarks.probe", probes.occupants)

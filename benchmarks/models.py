@@ -397,3 +397,7 @@ class Price(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.get_pricing_display()})"
+
+
+# Quality probes live in their own module; imported here so Django registers them.
+from benchmarks.models_quality import ProbeResult, ProbeRun, ProbeSet  # noqa: E402, F401

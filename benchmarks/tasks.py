@@ -39,3 +39,19 @@ def import_result(job_pk: int) -> None:
         imports.fail_import,
         what="the import",
     )
+
+
+# The limit is sent per call from the probe's size (probes.time_limit_for).
+@shared_task(**timelimits.benchmark(int(settings.BENCHMARK_MAX_SECONDS)).options())
+def run_probe(run_pk: int) -> None:
+    """Ask a deployment a probe set's questions (``benchmarks.services.probes``)."""
+    from benchmarks.models import ProbeRun
+    from benchmarks.services import probes
+
+    run_job(
+        ProbeRun.objects.select_related("deployment__host", "probe_set"),
+        run_pk,
+        probes.execute_probe,
+        probes.fail_probe,
+        what="the quality probe",
+    )

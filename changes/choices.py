@@ -67,6 +67,8 @@ class Stage(models.TextChoices):
     HEALTH = "health", "Health check"
     VERIFY = "verify", "Verification benchmark"
     COMPARE = "compare", "Compare with baseline"
+    QUALITY_BASELINE = "quality_baseline", "Quality probe before"
+    QUALITY = "quality", "Quality probe after"
     ROLLBACK = "rollback", "Roll back"
     DONE = "done", "Done"
 

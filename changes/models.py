@@ -178,6 +178,28 @@ class ChangeRequest(models.Model):
         help_text="Roll back when p95 ITL grows by more than this fraction.",
     )
     comparison = models.JSONField(default=dict, blank=True)
+    # --- the quality probe (a change touching the model, its precision or quantisation) ----
+    probe_set = models.ForeignKey(
+        "benchmarks.ProbeSet",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="Ask this probe set before and after the apply; roll back on a quality loss.",
+    )
+    quality_baseline = models.ForeignKey(
+        "benchmarks.ProbeRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    quality_run = models.ForeignKey(
+        "benchmarks.ProbeRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    quality_comparison = models.JSONField(default=dict, blank=True)
+    max_quality_loss = models.FloatField(
+        default=0.01,
+        validators=[MinValueValidator(0), MaxValueValidator(1)],
+        help_text="Roll back when accuracy drops by more than this at 95 % confidence "
+        "(0.01 = 1 point).",
+    )
     # --- apply ----------------------------------------------------------------------------
     window_start = models.DateTimeField(null=True, blank=True)
     window_end = models.DateTimeField(null=True, blank=True)

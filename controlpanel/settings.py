@@ -131,6 +131,7 @@ def _read():
         ),
         "CHANGE_HEALTH_TIMEOUT": env_float("CHANGE_HEALTH_TIMEOUT_SECONDS", 30.0, minimum=1),
         "CHANGE_HEARTBEAT_SECONDS": env_float("CHANGE_HEARTBEAT_SECONDS", 10.0, minimum=0.5),
+        "QUALITY_PROBE_SET": env_str("QUALITY_PROBE_SET", "panel-core"),
         "CHANGE_NOTIFY_EMAILS": env_list("CHANGE_NOTIFY_EMAILS", []),
         "CHANGE_WEBHOOK_URL": env_secret("CHANGE_WEBHOOK_URL"),
         "PANEL_URL": env_str("PANEL_URL", "http://127.0.0.1:8000").rstrip("/"),
@@ -473,6 +474,9 @@ CHANGE_PRODUCTION_APPROVALS = _env["CHANGE_PRODUCTION_APPROVALS"]
 CHANGE_HEALTH_TIMEOUT = _env["CHANGE_HEALTH_TIMEOUT"]
 # A running pipeline stamps its change this often; three missed beats make it resumable.
 CHANGE_HEARTBEAT_SECONDS = _env["CHANGE_HEARTBEAT_SECONDS"]
+# The probe set a change touching the model's answers (model, dtype, quantisation, KV-cache
+# dtype) is verified with: the newest version of this name (built-in or uploaded).
+QUALITY_PROBE_SET = _env["QUALITY_PROBE_SET"]
 # Notifications: always the proposer and (for new proposals) the approvers with an address,
 # plus these addresses; and a Slack-compatible webhook when set (a secret: _FILE works).
 CHANGE_NOTIFY_EMAILS = _env["CHANGE_NOTIFY_EMAILS"]

@@ -13,7 +13,7 @@ from django.conf import settings as conf
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from benchmarks.models import BenchmarkRun
+from benchmarks.models import BenchmarkRun, ProbeRun
 from benchmarks.services import runs as benchmark_runs
 from changes import rules
 from changes.choices import LOCK_STATES, ChangeState
@@ -49,14 +49,15 @@ def occupants(deployment: Deployment) -> list[occupancy.Occupant]:
 
 
 def _parts(change: ChangeRequest) -> frozenset[occupancy.Key]:
-    """Every benchmark run and engine operation the change points at (its baseline, its
-    restarts, its verification, its rollback): its pipeline's own work, read off the foreign
-    keys so that a step added later is covered without being listed here."""
+    """Every benchmark run, quality probe and engine operation the change points at (its
+    baseline, its restarts, its verification, its probes, its rollback): its pipeline's own
+    work, read off the foreign keys so that a step added later is covered without being
+    listed here."""
     return frozenset(
         (field.related_model._meta.label_lower, getattr(change, field.attname))
         for field in ChangeRequest._meta.concrete_fields
         if field.many_to_one
-        and field.related_model in (BenchmarkRun, EngineOperation)
+        and field.related_model in (BenchmarkRun, ProbeRun, EngineOperation)
         and getattr(change, field.attname) is not None
     )
 

@@ -122,6 +122,30 @@ def review_facts(
         "diff": diff,
         "warnings": [w.to_dict() for w in warnings],
         "prediction": prediction,
+        "quality": quality_facts(deployment, diff),
+    }
+
+
+def quality_facts(deployment: Deployment, diff: dict) -> dict:
+    """Whether the change gets a quality probe (it touches what the model answers), with
+    which set and about how long each of its two runs takes; empty when it does not."""
+    from benchmarks.services import probes
+    from changes.services.stages_quality import PROBE_CONCURRENCY, needs_probe
+
+    why = needs_probe(deployment.engine, diff)
+    if not why:
+        return {}
+    probe_set = probes.default_set()
+    if probe_set is None:
+        return {"why": why, "problem": "No probe set is available: the change cannot be probed."}
+    seconds, basis = probes.estimate_seconds(probe_set, deployment, PROBE_CONCURRENCY)
+    return {
+        "why": why,
+        "set": probe_set.pk,
+        "set_name": str(probe_set),
+        "items": probe_set.item_count,
+        "estimate_s": seconds,
+        "estimate_basis": basis,
     }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from benchmarks.models import BenchmarkRun, LoadProfile
+from benchmarks.models import BenchmarkRun, LoadProfile, ProbeSet
 from changes import rules
 from changes.choices import ChangeKind, ChangeState, Decision
 from changes.models import Approval, ChangeRequest
@@ -41,6 +41,7 @@ def propose_change(
     kind: str = ChangeKind.SETTINGS,
     target_config: EngineConfig | None = None,
     finding=None,
+    probe_set=None,
 ) -> ChangeRequest:
     """Record a proposed change against the deployment's running config (draft, or pending
     review when ``submit``). Settings are validated against the engine's flag spec first.
@@ -52,6 +53,9 @@ def propose_change(
     facts = review_facts(deployment, base, proposal, verify_profile)
     _check_proposal(deployment, facts, baseline_run, window)
     rules.require_code_loading(actor, deployment.engine, facts["diff"])
+    if probe_set is None and facts["quality"].get("set"):
+        # It touches what the model answers: the quality probe verifies it (stages_quality).
+        probe_set = ProbeSet.objects.get(pk=facts["quality"]["set"])
     start, end = window or (None, None)
     with transaction.atomic():
         change = ChangeRequest.objects.create(
@@ -67,6 +71,7 @@ def propose_change(
             prediction=facts["prediction"],
             required_approvals=required_approvals(deployment),
             verify_profile=verify_profile,
+            probe_set=probe_set,
             baseline_run=baseline_run,
             window_start=start,
             window_end=end,

@@ -365,25 +365,18 @@ class Done(PipelineStage):
     def run(self, change):
         text = f"{change.deployment} runs v{change.applied_config.version}"
         comparison = change.comparison or {}
+        unverified = []
         if comparison.get("outcome") == "inconclusive":
-            text += f", not verified: {comparison.get('reason')}"
+            unverified.append(str(comparison.get("reason")))
+        quality = change.quality_comparison or {}
+        if quality and quality.get("verdict") != "no loss":
+            unverified.append(f"the quality probe cannot tell: {quality.get('reason')}")
+        if unverified:
+            text += ", not verified: " + "; ".join(unverified)
             self.record(change, StageStatus.INCONCLUSIVE, text)
             return finish(change, S.UNVERIFIED, text)
         self.record(change, StageStatus.SUCCEEDED, text)
         finish(change, S.APPLIED, text)
-
-
-STAGES: tuple[PipelineStage, ...] = (
-    Snapshot(),
-    Prepare(),
-    Baseline(),
-    NewVersion(),
-    Restart(),
-    Health(),
-    Verify(),
-    Compare(),
-    Done(),
-)
 
 
 def _succeeded(run: BenchmarkRun | None) -> bool:
@@ -423,3 +416,21 @@ def run_inline(operation: EngineOperation) -> EngineOperation:
 
 def _settings_text(flat: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(flat.items()))
+
+
+# The quality stages need everything above (a cycle resolved by importing them here).
+from changes.services.stages_quality import QualityBaseline, QualityVerify  # noqa: E402
+
+STAGES: tuple[PipelineStage, ...] = (
+    Snapshot(),
+    Prepare(),
+    Baseline(),
+    QualityBaseline(),
+    NewVersion(),
+    Restart(),
+    Health(),
+    Verify(),
+    Compare(),
+    QualityVerify(),
+    Done(),
+)

@@ -69,6 +69,9 @@ class Flag:
     # model repository's Python): only an Admin may propose or approve it, the review says so,
     # and an agent refuses it unless started with --allow-code-loading.
     loads_code: bool = False
+    # Changing it can change the model's answers, not only its speed (weights' or the KV
+    # cache's precision, quantisation): a change touching it is verified by a quality probe.
+    affects_answers: bool = False
 
     @property
     def option(self) -> str:

@@ -119,6 +119,7 @@ FLAGS = (
         "auto",
         "Data type of the KV cache.",
         choices=KV_CACHE_DTYPES,
+        affects_answers=True,
     ),
     Flag(
         "dtype",
@@ -127,6 +128,7 @@ FLAGS = (
         "auto",
         "Data type of weights and activations.",
         choices=("auto", "half", "float16", "bfloat16", "float", "float32"),
+        affects_answers=True,
     ),
     Flag(
         "quantization",
@@ -135,6 +137,7 @@ FLAGS = (
         None,
         "The quantization method.",
         choices=QUANTIZATIONS,
+        affects_answers=True,
     ),
     Flag(
         "disable_radix_cache",

@@ -127,6 +127,7 @@ FLAGS = (
         "auto",
         "Data type of the KV cache.",
         choices=KV_CACHE_DTYPES,
+        affects_answers=True,
     ),
     Flag(
         "dtype",
@@ -135,6 +136,7 @@ FLAGS = (
         "auto",
         "Data type of weights and activations.",
         choices=DTYPES,
+        affects_answers=True,
     ),
     Flag(
         "quantization",
@@ -143,6 +145,7 @@ FLAGS = (
         None,
         "Weight quantization method.",
         choices=QUANTIZATIONS,
+        affects_answers=True,
     ),
     Flag(
         "block_size",

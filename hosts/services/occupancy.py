@@ -39,6 +39,7 @@ class Purpose(models.TextChoices):
     APPLY = "apply", "apply a config to"
     CHANGE = "change", "start applying a change to"
     SWEEP = "sweep", "start a tuning sweep on"
+    PROBE = "probe", "start a quality probe on"
 
 
 Key = tuple[str, object]

@@ -67,6 +67,7 @@ def test_every_app_registers_what_holds_a_deployment():
     assert occupancy.holders() == (
         "hosts.operation",
         "benchmarks.run",
+        "benchmarks.probe",
         "changes.lock",
         "changes.sweep",
     )
