@@ -99,10 +99,15 @@ def _numeric(item: ProbeItem, answer: str) -> ItemScore:
 
 _LETTER = f"[{CHOICE_LETTERS}]"
 _CHOICE_PATTERNS = (
-    # The whole answer is the letter: "B", "(B)", "B.", "B) Seoul".
+    # The whole answer is the letter, in either case: "B", "b", "(B)", "B.".
+    re.compile(rf"^\s*[(\[]?({_LETTER})[)\].:]?\s*$", re.I),
+    # The answer starts with the capital letter: "B) Seoul", "B. Dolphin".
     re.compile(rf"^\s*[(\[]?({_LETTER})[)\].:]?(?:\s|$)"),
-    # A stated answer: "Answer: B", "the answer is (B)", "정답: B", "답은 B입니다".
-    re.compile(rf"(?:answer(?:\s+is)?|정답|답)\s*(?:은|는|:|：|-)?\s*[(\[]?({_LETTER})\b", re.I),
+    # A stated answer: "Answer: B", "the answer is (B)", "정답: B", "답은 B입니다". Not \b after
+    # the letter: Hangul is a word character, so "B입니다" has no word boundary.
+    re.compile(
+        rf"(?i:answer(?:\s+is)?|정답|답)\s*(?:은|는|:|：|-)?\s*[(\[]?({_LETTER})(?![A-Za-z])"
+    ),
     re.compile(rf"[(\[]({_LETTER})[)\]]"),
 )
 
