@@ -219,6 +219,7 @@ class ChangeDetailSerializer(ChangeItemSerializer):
             "snapshot_config",
             "applied_config",
             "settings",
+            "model",
             "diff",
             "stale",
             "warnings",
@@ -363,6 +364,13 @@ class ChangeProposeSerializer(StrictSerializerMixin, serializers.Serializer):
         help_text="Flags (by dest, e.g. max_num_seqs) to set on top of the running config, "
         "as the page's form starts from the running values: a flag left out keeps its "
         "running value (a secret too), null unsets it. Several values: a list.",
+    )
+    model = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=200,
+        help_text="Another model to serve (e.g. its AWQ or FP8 variant); left out or the "
+        "served one: keep the model. A change of model is verified by a quality probe.",
     )
     verify_profile = serializers.IntegerField(
         required=False, allow_null=True, help_text="A load profile's id, or null: none."

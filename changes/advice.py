@@ -265,8 +265,11 @@ def predicted_impact(
     gpu: str,
     num_gpus: int,
     profile: Mapping,
+    *,
+    model_after: str | None = None,
 ) -> dict:
-    """Before → after for each stage of ``profile``, as the simulator predicts them.
+    """Before → after for each stage of ``profile``, as the simulator predicts them
+    (``model_after``: the model the change switches to, when it does).
 
     Returns ``{"available": False, "reason": ...}`` when the simulator cannot model the
     deployment (an unknown model or GPU), so the page can say why there is no prediction.
@@ -274,6 +277,8 @@ def predicted_impact(
     """
     try:
         resolve_model(model)
+        if model_after:
+            resolve_model(model_after)
     except UnknownModel as exc:
         return {"available": False, "reason": str(exc)}
     if gpu not in GPUS:
@@ -285,7 +290,7 @@ def predicted_impact(
     rows = []
     for name, workload in stages:
         b = _one(engine, model, dict(before), gpu, workload, num_gpus)
-        a = _one(engine, model, dict(after), gpu, workload, num_gpus)
+        a = _one(engine, model_after or model, dict(after), gpu, workload, num_gpus)
         rows.append(
             {
                 "stage": name,

@@ -153,6 +153,13 @@ class ProposeForm(forms.Form):
     verification benchmark and its limits, and the maintenance window."""
 
     title = forms.CharField(max_length=120)
+    model = forms.CharField(
+        required=False,
+        max_length=200,
+        label="Model",
+        help_text="Another model to serve, e.g. its AWQ or FP8 variant (a quality probe then "
+        "verifies the answers); unchanged keeps the model.",
+    )
     rationale = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 3}),
         help_text="Why: what was measured, what you expect to improve.",
@@ -221,6 +228,7 @@ class ProposeForm(forms.Form):
             self.fields[REMOVE_PREFIX + dest] = forms.BooleanField(
                 required=False, label=f"Remove {flag.option}"
             )
+        self.fields["model"].initial = deployment.model
         self.fields["verify_profile"].queryset = LoadProfile.objects.latest().order_by("name")
         self.fields["baseline_run"].queryset = (
             BenchmarkRun.objects.filter(
@@ -301,6 +309,11 @@ class ProposeForm(forms.Form):
             out[dest] = value
         return out
 
+    def model_choice(self) -> str:
+        """The model the form proposes: empty when it is the one served now."""
+        model = (self.cleaned_data.get("model") or "").strip()
+        return "" if model == self.deployment.model else model
+
     def carried(self) -> tuple[dict, dict]:
         """The running config's environment and CPU placement: a proposal keeps them."""
         running = self.deployment.active_config
@@ -315,6 +328,7 @@ class ProposeForm(forms.Form):
             "settings": self.settings(),
             "env": env,
             "placement": placement,
+            "model": self.model_choice(),
             "verify_profile": data.get("verify_profile"),
             "baseline_run": data.get("baseline_run"),
             "thresholds": {

@@ -129,6 +129,11 @@ class ChangeRequest(models.Model):
         help_text="The tuning sweep whose winner this change proposes (its evidence).",
     )
     settings = models.JSONField(default=dict, blank=True, help_text="Proposed engine settings.")
+    model = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="Another model to serve (e.g. an AWQ or FP8 variant); empty: keep the model.",
+    )
     env = models.JSONField(default=dict, blank=True)
     placement = models.JSONField(default=dict, blank=True)
     warnings = models.JSONField(default=list, blank=True)
@@ -348,8 +353,10 @@ class ChangeRequest(models.Model):
         return running_config_id != self.base_config_id
 
     def proposed_flat(self) -> dict:
-        """The proposed config flattened like ``EngineConfig.flat`` (env.X, placement.X)."""
-        return flat_config(self.settings, self.env, self.placement)
+        """The proposed config flattened like ``EngineConfig.flat`` (env.X, placement.X,
+        model: the proposed one, else the base version's, so an unchanged model is no diff)."""
+        base_model = self.base_config.model if self.base_config else ""
+        return flat_config(self.settings, self.env, self.placement, self.model or base_model)
 
     def diff(self) -> dict[str, tuple]:
         """``{flag: (running value, proposed value)}`` for every flag that differs from the

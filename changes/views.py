@@ -111,7 +111,9 @@ def change_preview(request):
     context = {"problems": form.flag_errors(), "facts": None}
     if not context["problems"]:
         try:
-            proposal = facts.validate_proposal(deployment, form.settings(), *form.carried())
+            proposal = facts.validate_proposal(
+                deployment, form.settings(), *form.carried(), form.model_choice()
+            )
             shown = facts.review_facts(
                 deployment,
                 deployment.active_config,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from decimal import Decimal
 
@@ -31,11 +30,16 @@ from hosts.choices import (
 from hosts.credentials import CredentialBinding
 from hosts.engines.launch import LaunchConfig, Placement
 
-LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
-HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9-]{1,63})*$")
+# Re-exported: the migrations name the validators by this module.
+from hosts.validators import (  # noqa: F401
+    LABEL_KEY,
+    validate_address,
+    validate_fingerprint,
+    validate_labels,
+    validate_ssh_username,
+)
+
 PORT_VALIDATORS = [MinValueValidator(1), MaxValueValidator(65535)]
-POSIX_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-FINGERPRINT = re.compile(r"^SHA256:[A-Za-z0-9+/]{43}$")
 # Becomes part of remote paths, unit and container names (hosts.transport.base.ENGINE_NAME).
 ENGINE_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ACTIVE_STATUSES = [OperationStatus.QUEUED, OperationStatus.RUNNING]
@@ -46,47 +50,11 @@ def clock_events(reasons) -> list[str]:
     return [r for r in reasons or [] if r.lower() != "idle"]
 
 
-def validate_ssh_username(value: str) -> None:
-    if value and not POSIX_USER.match(value):
-        raise ValidationError(f"{value!r} is not a POSIX user name.")
-
-
-def validate_fingerprint(value: str) -> None:
-    if value and not FINGERPRINT.match(value):
-        raise ValidationError("A host key fingerprint looks like SHA256:<43 base64 characters>.")
-
-
-def validate_address(value: str) -> None:
-    """A DNS name, an IPv4 address or an IPv6 address; nothing that could smuggle a command."""
-    try:
-        ipaddress.ip_address(value.strip("[]"))
-        return
-    except ValueError:
-        pass
-    if not HOSTNAME.match(value):
-        raise ValidationError(f"{value!r} is not a host name or IP address.")
-
-
 def protection_label_keys() -> list[str]:
     """The label keys that set how much review a host's changes need (CHANGE_PRODUCTION_LABEL):
     changing them on a host changes its protection, which only an Admin may do."""
     key = conf.CHANGE_PRODUCTION_LABEL.partition("=")[0].strip()
     return [key] if key else []
-
-
-def validate_labels(value) -> None:
-    if not isinstance(value, dict):
-        raise ValidationError("Labels must be a mapping of key to value.")
-    for key, item in value.items():
-        if not isinstance(key, str) or not LABEL_KEY.match(key):
-            raise ValidationError(
-                f"Label key {key!r} must be lower-case letters, digits, '.', '_', '-' or '/'."
-            )
-        if not isinstance(item, str) or len(item) > 63:
-            raise ValidationError(f"Label {key!r} must have a text value of at most 63 chars.")
-        if any(ord(c) < 32 or ord(c) == 127 for c in item):
-            # PostgreSQL's jsonb cannot store NUL, and no label needs a control character.
-            raise ValidationError(f"Label {key!r} must not contain control characters.")
 
 
 class Host(CredentialBinding, models.Model):
@@ -430,14 +398,19 @@ class Deployment(models.Model):
         return config.settings.get("api_key") or (config.env or {}).get("VLLM_API_KEY") or None
 
     def launch_config(
-        self, settings: dict, env: dict | None = None, placement: dict | None = None
+        self,
+        settings: dict,
+        env: dict | None = None,
+        placement: dict | None = None,
+        model: str | None = None,
     ) -> LaunchConfig:
         """A launch of this deployment with these settings (``hosts.engines.launch``): what
-        a stored config version runs, or what a proposed change would."""
+        a stored config version runs, or what a proposed change would (``model``: another
+        model than the one it serves now)."""
         placement = placement or {}
         return LaunchConfig(
             engine=self.engine,
-            model=self.model,
+            model=model or self.model,
             settings=dict(settings),
             engine_version=self.engine_version or None,
             env=dict(env or {}),
@@ -467,6 +440,12 @@ class EngineConfig(models.Model):
     placement = models.JSONField(
         default=dict, blank=True, help_text="CPU placement: {numa_node, cpus}."
     )
+    model = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="The model this version serves (a change may switch it, e.g. to an AWQ "
+        "variant); empty: the deployment's model.",
+    )
     note = models.CharField(max_length=200, blank=True)
     created_by = models.ForeignKey(
         conf.AUTH_USER_MODEL,
@@ -487,10 +466,13 @@ class EngineConfig(models.Model):
             placement: dict | None = None,
             created_by=None,
             note: str = "",
+            model: str | None = None,
         ) -> EngineConfig:
-            """Create the deployment's next version (serialised on the deployment row)."""
+            """Create the deployment's next version (serialised on the deployment row). Its
+            model is pinned: ``model``, or the one the deployment serves now, so that going
+            back to it later restores the model too."""
             with transaction.atomic():
-                Deployment.objects.select_for_update().filter(pk=deployment.pk).first()
+                row = Deployment.objects.select_for_update().filter(pk=deployment.pk).first()
                 last = self.filter(deployment=deployment).aggregate(v=Max("version"))["v"] or 0
                 return self.create(
                     deployment=deployment,
@@ -500,6 +482,7 @@ class EngineConfig(models.Model):
                     placement=placement or {},
                     created_by=created_by,
                     note=note,
+                    model=model or (row.model if row else deployment.model),
                 )
 
     objects = Manager()
@@ -535,17 +518,23 @@ class EngineConfig(models.Model):
         return flat_diff(other.flat() if other else {}, self.flat())
 
     def flat(self) -> dict:
-        return flat_config(self.settings, self.env, self.placement)
+        return flat_config(self.settings, self.env, self.placement, self.model)
 
     def launch_config(self):
         """The whole launch config of this version on its deployment (hosts.engines.launch)."""
-        return self.deployment.launch_config(self.settings, self.env, self.placement)
+        return self.deployment.launch_config(
+            self.settings, self.env, self.placement, self.model or None
+        )
 
 
-def flat_config(settings: dict, env: dict | None, placement: dict | None) -> dict:
-    """Settings, environment and placement as one mapping (``env.NAME``, ``placement.cpus``),
-    the shape every config diff is shown in."""
+def flat_config(
+    settings: dict, env: dict | None, placement: dict | None, model: str | None = None
+) -> dict:
+    """Settings, environment, placement and the model (when pinned) as one mapping
+    (``env.NAME``, ``placement.cpus``, ``model``), the shape every config diff is shown in."""
     flat = dict(settings or {})
+    if model:
+        flat["model"] = model
     flat.update({f"env.{k}": v for k, v in (env or {}).items()})
     flat.update({f"placement.{k}": v for k, v in (placement or {}).items() if v is not None})
     return flat

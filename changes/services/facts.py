@@ -19,11 +19,15 @@ from hosts.engines.redaction import masked
 from hosts.models import Deployment, EngineConfig
 
 
-def validate_proposal(deployment: Deployment, settings: dict, env: dict, placement: dict) -> dict:
-    """The settings as the engine's flag spec for the deployment's version accepts them, or
-    ChangeRefused naming every refused field (nothing malicious reaches a command line)."""
+def validate_proposal(
+    deployment: Deployment, settings: dict, env: dict, placement: dict, model: str = ""
+) -> dict:
+    """The settings (and another model, when one is proposed) as the engine's flag spec for
+    the deployment's version and the launch rules accept them, or ChangeRefused naming every
+    refused field (nothing malicious reaches a command line)."""
+    model = (model or "").strip()
     try:
-        launch = deployment.launch_config(settings, env, placement).validated(
+        launch = deployment.launch_config(settings, env, placement, model or None).validated(
             gpu_count=gpu_count(deployment)
         )
     except LaunchError as exc:
@@ -32,6 +36,8 @@ def validate_proposal(deployment: Deployment, settings: dict, env: dict, placeme
         "settings": launch.settings,
         "env": launch.env,
         "placement": launch.placement.to_dict() if launch.placement else {},
+        # The same model as now is no change of model.
+        "model": model if model and model != deployment.model else "",
     }
 
 
@@ -99,7 +105,7 @@ def review_facts(
         diff,
         proposal["settings"],
         engine_version=deployment.engine_version or None,
-        model=deployment.model,
+        model=proposal.get("model") or deployment.model,
         gpu_memory_bytes=gpu_memory,
         observed_p99_tokens=observed_p99_tokens(deployment),
     )
@@ -116,6 +122,7 @@ def review_facts(
                 gpu,
                 num_gpus,
                 profile.spec,
+                model_after=proposal.get("model") or None,
             )
         prediction["profile"] = str(profile)
     return {

@@ -42,13 +42,14 @@ def propose_change(
     target_config: EngineConfig | None = None,
     finding=None,
     probe_set=None,
+    model: str = "",
 ) -> ChangeRequest:
     """Record a proposed change against the deployment's running config (draft, or pending
     review when ``submit``). Settings are validated against the engine's flag spec first.
     ``finding``: the advisor finding it answers (of this deployment), shown to reviewers."""
     if finding is not None and finding.deployment_id != deployment.pk:
         raise ChangeRefused("That advisor finding is about another deployment.")
-    proposal = validate_proposal(deployment, settings, env or {}, placement or {})
+    proposal = validate_proposal(deployment, settings, env or {}, placement or {}, model)
     base = deployment.active_config
     facts = review_facts(deployment, base, proposal, verify_profile)
     _check_proposal(deployment, facts, baseline_run, window)
@@ -129,6 +130,7 @@ def propose_rollback(
         settings=target.settings,
         env=target.env,
         placement=target.placement,
+        model=target.model,
         verify_profile=verify_profile,
         kind=ChangeKind.ROLLBACK,
         target_config=target,
@@ -202,7 +204,12 @@ def rebase_change(actor, change: ChangeRequest) -> ChangeRequest:
         rules.require("rebase", actor, change)
         deployment = Deployment.objects.select_related("active_config").get(pk=change.deployment_id)
         old, new = change.base_config, deployment.active_config
-        proposal = {"settings": change.settings, "env": change.env, "placement": change.placement}
+        proposal = {
+            "settings": change.settings,
+            "env": change.env,
+            "placement": change.placement,
+            "model": change.model,
+        }
         facts = review_facts(deployment, new, proposal, change.verify_profile)
         if not facts["diff"]:
             raise ChangeRefused(

@@ -228,6 +228,7 @@ class NewVersion(PipelineStage):
                 placement=change.placement,
                 created_by=change.proposed_by,
                 note=f"change #{change.pk}: {change.title}"[:200],
+                model=change.model or None,
             )
             message = f"created v{config.version}"
         change.applied_config = config
@@ -368,8 +369,8 @@ class Done(PipelineStage):
         unverified = []
         if comparison.get("outcome") == "inconclusive":
             unverified.append(str(comparison.get("reason")))
-        quality = change.quality_comparison or {}
-        if quality and quality.get("verdict") != "no loss":
+        quality = (change.quality_comparison or {}).get("change_verdict") or {}
+        if quality.get("verdict") == "cannot tell":
             unverified.append(f"the quality probe cannot tell: {quality.get('reason')}")
         if unverified:
             text += ", not verified: " + "; ".join(unverified)

@@ -124,11 +124,11 @@ class QualityVerify(PipelineStage):
         if run is None or run.status != OperationStatus.SUCCEEDED:
             run = _measure(self, change, "candidate", rollback=True)
         result = probes.compare_runs(change.quality_baseline, run, max_loss=change.max_quality_loss)
+        result["change_verdict"] = verdict = probes.change_verdict(result)
         change.quality_comparison = result
         change.save(update_fields=["quality_comparison"])
         link = reverse("benchmarks:probe_compare", args=[change.quality_baseline.pk, run.pk])
         table = probes.comparison_table(result)
-        verdict = probes.overall_verdict(result)
         if verdict["verdict"] == "loss":
             raise StageFailed(
                 f"quality regression: {verdict['reason']}",
@@ -138,7 +138,9 @@ class QualityVerify(PipelineStage):
                 link=link,
             )
         status = (
-            StageStatus.SUCCEEDED if verdict["verdict"] == "no loss" else StageStatus.INCONCLUSIVE
+            StageStatus.INCONCLUSIVE
+            if verdict["verdict"] == "cannot tell"
+            else StageStatus.SUCCEEDED
         )
         self.record(
             change,

@@ -192,14 +192,24 @@ def _activate(operation: EngineOperation) -> None:
     deployment, config, previous = operation.deployment, operation.config, operation.previous_config
     with transaction.atomic():
         before = deployment.active_config_id
-        Deployment.objects.filter(pk=deployment.pk).update(active_config=config)
+        model_before = deployment.model
+        # The deployment serves the model of the version it runs (a change may switch it).
+        model = config.model or deployment.model
+        Deployment.objects.filter(pk=deployment.pk).update(active_config=config, model=model)
+        deployment.model = model
         if operation.kind == OperationKind.APPLY and before != config.pk:
             audit(
                 operation.requested_by,
                 "deployment.config_active",
                 deployment,
-                before={"config_version": previous.version if previous else None},
-                after={"config_version": config.version},
+                before={
+                    "config_version": previous.version if previous else None,
+                    **({"model": model_before} if model != model_before else {}),
+                },
+                after={
+                    "config_version": config.version,
+                    **({"model": model} if model != model_before else {}),
+                },
             )
 
 

@@ -502,4 +502,9 @@ def test_all_configs_page_shows_what_each_version_changed(client, viewer):
     client.force_login(viewer)
     response = client.get(reverse("changes:all_configs"))
     diffs = [row["diff"] for row in response.context["rows"]]
-    assert diffs == [{"max_num_seqs": (256, 512)}, {"max_num_seqs": (None, 256)}]
+    # The first version also names the model it pinned (a later version may switch it).
+    model = deployment.model
+    assert diffs == [
+        {"max_num_seqs": (256, 512)},
+        {"max_num_seqs": (None, 256), "model": (None, model)},
+    ]
