@@ -100,8 +100,11 @@ async def run_probe(
     timeout_s: float = 120,
     on_result: Callable[[ItemResult], object] | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> list[ItemResult]:
-    """Ask every item once; results in the items' order. ``on_result`` sees each as it lands."""
+    """Ask every item once; results in the items' order. ``on_result`` sees each as it lands.
+    ``should_stop`` (a cancel): items not yet sent when it turns true are not asked, and
+    are left out of the results."""
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     base = base_url.rstrip("/")
@@ -115,8 +118,10 @@ async def run_probe(
         base_url=base, headers=headers, timeout=timeout_s, limits=limits, transport=transport
     ) as client:
 
-        async def one(item: ProbeItem) -> ItemResult:
+        async def one(item: ProbeItem) -> ItemResult | None:
             async with limit:
+                if should_stop is not None and should_stop():
+                    return None
                 result = await _ask(client, item, model, seed, structured_output)
             if on_result is not None:
                 outcome = on_result(result)
@@ -124,7 +129,8 @@ async def run_probe(
                     await outcome
             return result
 
-        return list(await asyncio.gather(*(one(i) for i in items)))
+        results = await asyncio.gather(*(one(i) for i in items))
+        return [r for r in results if r is not None]
 
 
 def run_probe_sync(

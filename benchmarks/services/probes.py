@@ -23,6 +23,7 @@ from benchmarks.quality import (
     builtin_sets,
     compare,
     parse_jsonl,
+    prompt_text,
     run_probe_sync,
     to_jsonl,
 )
@@ -148,6 +149,37 @@ def estimate_seconds(probe_set: ProbeSet, deployment: Deployment, concurrency: i
     return float(waves) * GUESS_SECONDS_PER_WAVE, "a guess: this deployment was never probed"
 
 
+def knowledge_lines(items: list[ProbeItem]) -> list[dict]:
+    """What a simulated model "knows" of these items, in the simulator's ``--knowledge``
+    format: the text it will be asked, the reference answer and a plausible wrong one. Data
+    the demo fleet hands to its engines, so that the simulator recognises a question by its
+    content and never needs the probe package (DESIGN: the simulator must not know its
+    instrument)."""
+    return [
+        {
+            "text": prompt_text(item),
+            "category": item.category,
+            "language": item.language,
+            "answer": item.reference,
+            "wrong": item.wrong,
+            "json": item.answer.scorer == "json",
+        }
+        for item in items
+        if item.reference is not None
+    ]
+
+
+def write_knowledge(path) -> int:
+    """Write the built-in sets' knowledge file (see ``knowledge_lines``); how many items."""
+    seen: dict[str, dict] = {}
+    for items in builtin_sets().values():
+        for line in knowledge_lines(items):
+            seen[line["text"]] = line  # panel-core holds the others' items too: once each
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in seen.values()))
+    return len(seen)
+
+
 def items_of(probe_set: ProbeSet) -> list[ProbeItem]:
     parsed = parse_jsonl("\n".join(json.dumps(row) for row in probe_set.items))
     if parsed.errors:  # a stored set the current rules refuse: say so, run nothing
@@ -264,6 +296,9 @@ class _Progress:
     def on_result(self, _result) -> None:
         self.count += 1
 
+    def should_stop(self) -> bool:
+        return self.cancelled
+
     def __enter__(self):
         self._thread.start()
         return self
@@ -310,6 +345,7 @@ def execute_probe(run: ProbeRun) -> ProbeRun:
             seed=run.seed,
             structured_output=run.structured_output,
             on_result=progress.on_result,
+            should_stop=progress.should_stop,
         )
     return _record(run, items, results, time.monotonic() - started, progress.cancelled)
 
