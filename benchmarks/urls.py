@@ -1,6 +1,6 @@
 from django.urls import path
 
-from benchmarks.views import cost, history, profiles, runs
+from benchmarks.views import cost, history, probes, profiles, runs
 
 app_name = "benchmarks"
 urlpatterns = [
@@ -26,6 +26,16 @@ urlpatterns = [
     path("profiles/<int:pk>/", profiles.profile_detail, name="profile"),
     path("profiles/<int:pk>/edit/", profiles.profile_edit, name="profile_edit"),
     path("profiles/<int:pk>/export.json", profiles.profile_export, name="profile_export"),
+    # Quality probes (views/probes.py)
+    path("probes/", probes.probe_sets, name="probe_sets"),
+    path("probes/sets/upload/", probes.probe_set_upload, name="probe_set_upload"),
+    path("probes/sets/<int:pk>/", probes.probe_set, name="probe_set"),
+    path("probes/new/", probes.probe_new, name="probe_new"),
+    path("probes/<int:pk>/", probes.probe_run, name="probe_run"),
+    path("probes/<int:pk>/part/", probes.probe_run_part, name="probe_run_part"),
+    path("probes/<int:pk>/cancel/", probes.probe_cancel, name="probe_cancel"),
+    path("probes/compare/<int:a>/<int:b>/", probes.probe_compare, name="probe_compare"),
+    path("quality/", probes.quality, name="quality"),
     # Prices (views/cost.py; the cost page itself is /cost/, wired in controlpanel/urls.py)
     path("prices/", cost.price_list, name="prices"),
     path("prices/new/", cost.price_create, name="price_create"),

@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from benchmarks.consumers import RunConsumer
+from benchmarks.consumers import ProbeConsumer, RunConsumer
 from changes.consumers import (
     ChangeConsumer,
     DeploymentAdvisorConsumer,
@@ -15,6 +15,7 @@ from hosts.consumers import HostConsumer
 websocket_urlpatterns = [
     path("ws/hosts/<int:pk>/", HostConsumer.as_asgi()),
     path("ws/benchmarks/<int:pk>/", RunConsumer.as_asgi()),
+    path("ws/probes/<int:pk>/", ProbeConsumer.as_asgi()),
     path("ws/changes/<int:pk>/", ChangeConsumer.as_asgi()),
     path("ws/sweeps/<int:pk>/", SweepConsumer.as_asgi()),
     path("ws/deployments/<int:pk>/", DeploymentAdvisorConsumer.as_asgi()),

@@ -50,6 +50,15 @@ MATRIX = [
     ("benchmarks:profile_from_traffic", "get", OPERATORS),
     ("benchmarks:profile_import", "get", OPERATORS),
     ("benchmarks:profile_export", "get", ALL),
+    ("benchmarks:probe_sets", "get", ALL),
+    ("benchmarks:probe_set_upload", "get", OPERATORS),
+    ("benchmarks:probe_set", "get", ALL),
+    ("benchmarks:probe_new", "get", OPERATORS),
+    ("benchmarks:probe_run", "get", ALL),
+    ("benchmarks:probe_run_part", "get", ALL),
+    ("benchmarks:probe_cancel", "post", OPERATORS),
+    ("benchmarks:probe_compare", "get", ALL),
+    ("benchmarks:quality", "get", ALL),
     ("benchmarks:prices", "get", ALL),
     ("benchmarks:price_create", "get", ["admin"]),
     ("benchmarks:price_edit", "get", ["admin"]),
@@ -119,6 +128,11 @@ ARGS = {
     "benchmarks:profile_export": lambda o: [o["profile"]],
     "benchmarks:price_edit": lambda o: [o["price"]],
     "benchmarks:price_delete": lambda o: [o["price"]],
+    "benchmarks:probe_set": lambda o: [_probe(o).probe_set_id],
+    "benchmarks:probe_run": lambda o: [_probe(o).pk],
+    "benchmarks:probe_run_part": lambda o: [_probe(o).pk],
+    "benchmarks:probe_cancel": lambda o: [_probe(o).pk],
+    "benchmarks:probe_compare": lambda o: [_probe(o).pk, _probe(o).pk],
     "changes:detail": lambda o: [_change(o)],
     "changes:timeline": lambda o: [_change(o)],
     "changes:part": lambda o: [_change(o), "actions"],
@@ -170,6 +184,31 @@ def _sweep(o) -> int:
     return sweep.pk
 
 
+PROBE_ITEM = {
+    "id": "q1",
+    "category": "factual",
+    "language": "en",
+    "messages": [{"role": "user", "content": "The capital of France?"}],
+    "answer": {"scorer": "exact", "expected": "Paris"},
+    "reference": "Paris",
+}
+
+
+def _probe(o):
+    """A finished quality probe of the deployment (a cancel of it is refused politely)."""
+    from benchmarks.models_quality import ProbeRun, ProbeSet
+
+    probe_set = ProbeSet.objects.filter(name="perm-set").first() or ProbeSet.objects.create(
+        name="perm-set", items=[PROBE_ITEM], coverage={"factual/en": 1}, item_count=1
+    )
+    run, _ = ProbeRun.objects.get_or_create(
+        deployment_id=o["deployment"],
+        probe_set=probe_set,
+        defaults={"status": "succeeded", "total": 1, "done": 1},
+    )
+    return run
+
+
 def _change(o) -> int:
     """A pending change on the deployment, proposed by nobody in the personas."""
     from changes.models import ChangeRequest
@@ -218,6 +257,7 @@ def _config(o) -> int:
 QUERY = {
     "benchmarks:compare": lambda o: f"?runs={o['benchmarks']}&runs={o['run2']}",
     "changes:preview": lambda o: f"?deployment={o['deployment']}",
+    "benchmarks:quality": lambda o: f"?deployment={o['deployment']}",
 }
 
 
