@@ -83,7 +83,11 @@ UNIT_NAME = re.compile(r"^[a-zA-Z0-9@_][a-zA-Z0-9@_.-]*\.service$")
 ENV_FILE = re.compile(r"^(/[A-Za-z0-9_.@+][A-Za-z0-9_.@+-]*)+$")
 USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 PROGRAM = re.compile(r"^[A-Za-z0-9_.+/-]+$")
-SIMULATOR_KEYS = ("gpu", "num_gpus", "startup_seconds", "time_scale", "seed")
+SIMULATOR_KEYS = ("gpu", "num_gpus", "startup_seconds", "time_scale", "seed", "knowledge")
+# The knowledge file (hosts.simulator.quality): an absolute path of plain names like ENV_FILE:
+# no control characters, whitespace, quotes, $ or % (a systemd ExecStart= line joins argv with
+# spaces) and no component the simulator's argument parser could take for an option.
+KNOWLEDGE_PATH = ENV_FILE
 STOP_TIMEOUT_S = 60  # engines free GPU memory and NCCL state on SIGTERM; give them time
 
 
@@ -133,8 +137,9 @@ class LaunchConfig:
     """Everything needed to start one engine. ``runner="simulator"`` starts
     ``python -m hosts.simulator`` with the same flags (demo fleet, tests); ``simulator`` holds
     the simulator's own options (``gpu``, ``num_gpus``, ``startup_seconds``, ``time_scale``,
-    ``seed``). ``simulator["num_gpus"]``, when given, is also the GPU count the tensor-parallel
-    size must divide."""
+    ``seed``, ``knowledge``: the path of what the simulated model knows).
+    ``simulator["num_gpus"]``, when given, is also the GPU count the tensor-parallel size must
+    divide."""
 
     engine: str
     model: str
@@ -431,6 +436,8 @@ def _engine_argv(cfg: LaunchConfig, python: str) -> list[str]:
                 sim_flags += [option, _number(cfg.simulator[key])]
         if cfg.engine_version is not None:
             sim_flags += ["--engine-version", cfg.engine_version]
+        if cfg.simulator.get("knowledge") is not None:
+            sim_flags += ["--knowledge", cfg.simulator["knowledge"]]
     engine_args = spec.render_command(cfg.model, settings, cfg.engine_version, gpu_count)
     if cfg.runner == "simulator":
         return [python, "-m", "hosts.simulator", cfg.engine, *engine_args, *sim_flags]
@@ -513,6 +520,19 @@ def _check_simulator(options: Any, errors: dict[str, str]) -> dict[str, Any]:
         elif key == "gpu":
             if not isinstance(value, str) or value not in GPUS:
                 errors[field_name] = f"unknown GPU {value!r} (choose from {', '.join(GPUS)})"
+            else:
+                clean[key] = value
+        elif key == "knowledge":
+            if (
+                not isinstance(value, str)
+                or not KNOWLEDGE_PATH.fullmatch(value)
+                or "/../" in value + "/"
+                or "/./" in value + "/"
+                or len(value) > 4096
+            ):
+                errors[field_name] = (
+                    f"expected an absolute path to a JSON Lines file, got {value!r}"
+                )
             else:
                 clean[key] = value
         elif key in ("num_gpus", "seed"):

@@ -17,6 +17,7 @@ from hosts.engines import get_spec
 from hosts.engines.catalog import GPUS, UnknownModel, resolve_gpu
 from hosts.engines.flags import EngineArgError
 from hosts.simulator.config import StartupError, build_config
+from hosts.simulator.quality import KnowledgeError, QualityModel
 
 ENGINE_VERSIONS = {"vllm": "0.11.0", "sglang": "0.5.3"}
 USAGE = {
@@ -52,6 +53,13 @@ def simulator_options(parser: argparse.ArgumentParser, engine_has_seed: bool) ->
         help="wall seconds per simulated second (0.1 = ten times faster, 0 = as fast as possible)",
     )
     group.add_argument("--engine-version", default=None, help="version /version reports")
+    group.add_argument(
+        "--knowledge",
+        default=None,
+        metavar="FILE",
+        help="JSON Lines of prompts the simulated model knows and their answers "
+        "(format: hosts.simulator.quality)",
+    )
 
 
 def parse(engine: str, argv: list[str]):
@@ -71,10 +79,17 @@ def parse(engine: str, argv: list[str]):
         k: values.pop(k)
         for k in ("gpu", "num_gpus", "startup_seconds", "time_scale", "engine_version")
     }
+    knowledge = values.pop("knowledge")
+    if knowledge is not None:  # only when given: the options of a plain engine stay as they were
+        sim["knowledge"] = knowledge
     sim["sim_seed"] = values.pop("sim_seed", None) or values.get("seed") or 0
     model = values.pop("model")
     settings = {k: v for k, v in values.items() if v is not None}
     return model, settings, sim
+
+
+def spec_prog(engine: str) -> str:
+    return get_spec(engine).prog
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +119,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"{kind}: {exc}", file=sys.stderr)
         return 1
+    try:
+        quality = QualityModel.for_config(cfg, sim.get("knowledge"))
+    except KnowledgeError as exc:
+        # A file the operator named and the simulator cannot use: refused like a bad argument.
+        print(
+            f"usage: {USAGE[engine]}\n{spec_prog(engine)}: error: --knowledge: {exc}",
+            file=sys.stderr,
+        )
+        return 2
     log.info("Simulating %d × %s (%s) for %s", sim["num_gpus"], gpu.nvml_name, engine, model)
+    if quality.items:
+        log.info("Knowledge: %d prompts from %s", len(quality.items), sim.get("knowledge"))
     for line in cfg.log_lines:
         log.info(line)
 
@@ -121,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         startup_seconds=sim["startup_seconds"],
         seed=sim["sim_seed"],
         engine_version=sim["engine_version"] or ENGINE_VERSIONS[engine],
+        quality=quality,
     )
     host = cfg.host or "0.0.0.0"  # noqa: S104 - the engine's own default
     config = uvicorn.Config(

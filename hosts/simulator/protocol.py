@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from hosts.simulator import text
 from hosts.simulator.core import Request
+from hosts.simulator.quality import AnswerText, request_text
 from hosts.simulator.runner import EngineRunner, Stream, wait_done
 from hosts.simulator.wire_errors import ApiError
 from hosts.simulator.wire_format import WIRES
@@ -103,7 +104,8 @@ async def respond(runner: EngineRunner, dialect, data: dict, chat: bool, request
         raise ApiError(
             400, f"Got priority {params.priority} but Priority scheduling is not enabled."
         )
-    choices = _submit(runner, dialect, params, prompts, limits)
+    answers = _answers(runner, data, chat, params, len(prompts))
+    choices = _submit(runner, dialect, params, prompts, limits, answers)
     created = int(time.time())
     wire = WIRES[runner.cfg.engine](chat, request_id, created, model, params)
     if params.stream:
@@ -122,12 +124,25 @@ async def respond(runner: EngineRunner, dialect, data: dict, chat: bool, request
     return wire.body(choices)
 
 
-def _submit(runner, dialect, params, prompts, limits) -> list[Choice]:
+def _answers(runner, data: dict, chat: bool, params, count: int) -> list[list[str] | None]:
+    """Per prompt, the pieces of the answer the simulated model knows (None: unknown)."""
+    quality = runner.quality
+    if quality is None or not quality.items:
+        return [None] * count
+    texts = request_text(data, chat)
+    return [
+        quality.answer_pieces(texts[i] if i < len(texts) else None, params.structured)
+        for i in range(count)
+    ]
+
+
+def _submit(runner, dialect, params, prompts, limits, answers) -> list[Choice]:
     """One engine request per prompt × ``n`` (choice index = prompt × n + sample, as both
-    engines number them), each with the client's ``n``."""
+    engines number them), each with the client's ``n``. A prompt the model knows gets its
+    answer, every choice the same one (sampling does not change what the model knows)."""
     choices = []
     batch = uuid.uuid4().hex
-    for prompt_idx, (ids, limit) in enumerate(zip(prompts, limits, strict=True)):
+    for prompt_idx, (ids, limit, pieces) in enumerate(zip(prompts, limits, answers, strict=True)):
         # vLLM fans each prompt out to n children of one parent request: the parent's
         # histograms (request_params_n, max generation) observe once per prompt, not n times.
         parent = f"{batch}-{prompt_idx}" if params.n > 1 else None
@@ -138,14 +153,14 @@ def _submit(runner, dialect, params, prompts, limits) -> list[Choice]:
                 ignore_eos=params.ignore_eos,
                 min_tokens=min(params.min_tokens, limit),
                 priority=params.priority,
+                natural=None if pieces is None else len(pieces),
             )
             req.params_n = params.n
             req.parent_id = parent
             req.stream = params.stream
             key = zlib.crc32(f"{runner.seed}:{req.id}".encode())
-            out = ChoiceText(
-                key, params.stop, params.include_stop_str, params.min_tokens, dialect.holds_stop
-            )
+            stops = (params.stop, params.include_stop_str, params.min_tokens, dialect.holds_stop)
+            out = ChoiceText(key, *stops) if pieces is None else AnswerText(pieces, key, *stops)
             # The engine steps the request only once this handler yields: a stop string that
             # ends the text early ends the request there, as the engine's detokenizer would.
             req.output_target = out.plan(req.output_target)

@@ -95,8 +95,11 @@ class EngineRunner:
         startup_seconds: float = 0.0,
         seed: int = 0,
         engine_version: str = "",
+        quality=None,
     ):
         self.cfg = cfg
+        # What the simulated model knows (hosts.simulator.quality.QualityModel), or None.
+        self.quality = quality
         self.core = EngineCore(cfg)
         self.metrics = EngineMetrics(cfg)
         self.core.itl = self.metrics
@@ -224,12 +227,16 @@ class EngineRunner:
         ignore_eos: bool,
         min_tokens: int,
         priority: int = 0,
+        natural: int | None = None,
     ) -> Request:
+        """Queue a request; ``natural``: where the model's answer ends (its EOS), when known
+        (a known answer), else drawn like typical answer lengths."""
         self._ids += 1
         if ignore_eos:
             target = max_tokens
         else:
-            natural = int(self.rng.lognormvariate(math.log(NATURAL_MEDIAN_TOKENS), 0.6))
+            if natural is None:
+                natural = int(self.rng.lognormvariate(math.log(NATURAL_MEDIAN_TOKENS), 0.6))
             target = min(max_tokens, max(min_tokens, natural, 1))
         req = Request(
             id=f"{self._ids}",

@@ -44,6 +44,7 @@ class Params:
     continuous_usage: bool = False  # vLLM: usage on every chunk
     ignore_eos: bool = False
     priority: int = 0
+    structured: bool = False  # the output is constrained (JSON schema, JSON object, regex, …)
 
 
 def pydantic_error(kind: str, loc: tuple, msg: str, value) -> ApiError:
@@ -138,7 +139,57 @@ def parse_vllm(data: dict, chat: bool) -> Params:
             typed(options, "continuous_usage_stats", bool, False)
         )
     p.include_stop_str = bool(typed(data, "include_stop_str_in_output", bool, False))
+    p.structured = response_format(data, VLLM_FORMATS) or any(
+        data.get(name) is not None for name in VLLM_GUIDED
+    )
     return p
+
+
+# vLLM 0.11 protocol.py: AnyResponseFormat = ResponseFormat ("text", "json_object",
+# "json_schema" with JsonSchemaResponseFormat {name, description, schema, strict}) |
+# StructuralTagResponseFormat ("structural_tag"); the guided_* extras and structured_outputs
+# (StructuredOutputsParams: json, regex, choice, grammar, json_object, structural_tag).
+# SGLang 0.5.3 protocol.py: ResponseFormat ("text", "json_object", "json_schema") |
+# StructuralTagResponseFormat, and the json_schema / regex / ebnf extras.
+VLLM_FORMATS = ("text", "json_object", "json_schema", "structural_tag")
+SGLANG_FORMATS = VLLM_FORMATS
+VLLM_GUIDED = (
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+)
+SGLANG_GUIDED = ("json_schema", "regex", "ebnf")
+
+
+def response_format(data: dict, formats: tuple[str, ...]) -> bool:
+    """Whether ``response_format`` asks for structured output, or pydantic's refusal of a
+    shape the engine's request model does not take."""
+    value = data.get("response_format")
+    if value is None:
+        return False
+    loc = ("response_format",)
+    if not isinstance(value, dict):
+        raise pydantic_error(
+            "model_attributes_type",
+            loc,
+            "Input should be a valid dictionary or object to extract fields from",
+            value,
+        )
+    kind = value.get("type")
+    if kind not in formats:
+        allowed = ", ".join(repr(f) for f in formats[:-1]) + f" or {formats[-1]!r}"
+        raise pydantic_error("literal_error", (*loc, "type"), f"Input should be {allowed}", kind)
+    if kind == "json_schema":
+        schema = value.get("json_schema")
+        if not isinstance(schema, dict):
+            # Neither engine serves a json_schema format without its schema (vLLM asserts on
+            # it, SGLang reads an attribute of None): the simulator words the refusal itself.
+            raise value_error("response_format.json_schema is required", data, loc)
+        if not isinstance(schema.get("name"), str):
+            raise pydantic_error("missing", (*loc, "json_schema", "name"), "Field required", schema)
+    return kind != "text"
 
 
 def verify_vllm(data: dict, p: Params, max_tokens: int) -> None:
@@ -214,6 +265,9 @@ def parse_sglang(data: dict, chat: bool) -> Params:
         # SGLang's StreamOptions has include_usage only (default False); no continuous stats.
         p.include_usage = bool(typed(options, "include_usage", bool, False))
     p.include_stop_str = bool(typed(data, "no_stop_trim", bool, False))
+    p.structured = response_format(data, SGLANG_FORMATS) or any(
+        data.get(name) is not None for name in SGLANG_GUIDED
+    )
     return p
 
 

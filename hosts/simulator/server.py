@@ -65,6 +65,7 @@ class EngineApi:
             Route("/metrics", self.metrics),
             Route("/simulator/gpus", self.gpus),
             Route("/simulator/loop-lag", self.loop_lag),
+            Route("/simulator/quality", self.quality),
         ]
 
     # --- checks shared by the handlers -----------------------------------------------------
@@ -185,3 +186,10 @@ class EngineApi:
         if request.query_params.get("reset"):
             self.runner.loop_lag.samples.clear()
         return JSONResponse(summary)
+
+    async def quality(self, request: HttpRequest) -> Response:
+        """Prompts the simulated model knows and its accuracy table for this config."""
+        quality = self.runner.quality
+        if quality is None:
+            return JSONResponse({"items": 0, "accuracy": None})
+        return JSONResponse(quality.report())

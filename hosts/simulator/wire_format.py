@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 
+from hosts.simulator.quality import AnswerText
 from hosts.simulator.wire_text import EOS_TOKEN_ID, token_bytes, token_logprobs
 
 _compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
@@ -30,6 +31,16 @@ def dumps(obj) -> str:
     if isinstance(obj, str):
         return _string(obj)
     return _compact(obj)
+
+
+def choice_logprobs(choice, pos: int, alternatives: int) -> tuple[str, float, list]:
+    """``token_logprobs`` of the choice's token ``pos``: a known answer's own piece in place of
+    the made-up one, and no runner-up equal to it."""
+    if not isinstance(choice.text, AnswerText):
+        return token_logprobs(choice.text.key, pos, alternatives)
+    token, lp, alts = token_logprobs(choice.text.key, pos, alternatives + 1)
+    piece = choice.text.piece(pos)
+    return piece, lp, [(t, v) for t, v in alts if t != piece][:alternatives]
 
 
 def finish_of(choice) -> tuple[str | None, str | int | None]:
@@ -147,7 +158,7 @@ class VllmWire(Wire):
         """One token's logprobs: the sampled token first (it is also the most likely), then
         the runners-up; completions list max(k, 1) entries, chat ``top_logprobs`` entries."""
         k = self.params.logprobs
-        token, lp, alts = token_logprobs(choice.text.key, pos, max(k, 1) - 1)
+        token, lp, alts = choice_logprobs(choice, pos, max(k, 1) - 1)
         if self.chat:
             top = [(token, lp), *alts][:k]
             return {
@@ -214,7 +225,7 @@ class VllmWire(Wire):
         parts, offset = [], 0
         for pos in range(c.req.num_output):
             parts.append(self.logprobs(c, pos, offset))
-            offset += len(token_logprobs(c.text.key, pos, 0)[0])
+            offset += len(choice_logprobs(c, pos, 0)[0])
         if self.chat:
             return {"content": [entry for part in parts for entry in part["content"]]}
         merged = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
@@ -291,7 +302,7 @@ class SglangWire(Wire):
         """SGLang: the top ``k`` tokens (the sampled one first here, being the most likely);
         completions have no text offsets (-1)."""
         k = self.params.logprobs
-        token, lp, alts = token_logprobs(choice.text.key, pos, max(k, 1) - 1)
+        token, lp, alts = choice_logprobs(choice, pos, max(k, 1) - 1)
         top = [(token, lp), *alts][:k]
         if self.chat:
             return {
