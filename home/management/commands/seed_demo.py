@@ -17,6 +17,7 @@ from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from benchmarks.services import probes
 from benchmarks.services.profiles import ensure_builtin_profiles
 from controlpanel.env import env_secret
 from hosts import demo
@@ -56,11 +57,20 @@ class Command(BaseCommand):
             user.groups.add(Group.objects.get(name=role))
 
     def _fleet(self):
+        knowledge = settings.VAR_DIR / "demo-fleet" / "knowledge.jsonl"
+        probes.write_knowledge(knowledge)
         for index, spec in enumerate(demo.FLEET):
             host = self._host(index, spec)
             if not host.deployments.filter(name=spec.deployment).exists():
                 self._deployment(host, index, spec)
+            # The simulated engines answer the built-in probe sets from this file (their
+            # quality model), also in a var/ seeded before quality probes existed.
+            for deployment in host.deployments.filter(runner=Runner.SIMULATOR):
+                if deployment.simulator.get("knowledge") != str(knowledge):
+                    deployment.simulator = {**deployment.simulator, "knowledge": str(knowledge)}
+                    deployment.save(update_fields=["simulator"])
         ensure_builtin_profiles()
+        probes.sync_builtin_sets()
 
     def _host(self, index: int, spec: demo.DemoHost) -> Host:
         """The demo host, created once; a simulated one is re-pointed at its local agent."""
