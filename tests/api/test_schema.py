@@ -23,6 +23,7 @@ from changes.models import Finding
 from changes.services import review
 from controlpanel.services import audit
 from tests.api.sweep_samples import make_done_sweep
+from tests.benchmarks.test_probe_pages import make_probe_run, make_probe_set
 from tests.factories import (
     make_config,
     make_deployment,
@@ -85,7 +86,14 @@ def world(admin, operator):
     )
     # A done tuning sweep (prediction, lane, trials with probes), made row by row.
     sweep = make_done_sweep(deployment, operator, profile)
+    # Two quality probes of one set version, made row by row (one simulated).
+    probe_set = make_probe_set()
+    probe_baseline = make_probe_run(deployment, probe_set, engine_config=v1)
+    probe = make_probe_run(deployment, probe_set, wrong={"ko-1"}, engine_config=v2, simulated=True)
     return {
+        "quality-probes": probe.pk,
+        "probe-sets": probe_set.pk,
+        "probe_baseline": probe_baseline.pk,
         "sweeps": sweep.pk,
         "hosts": host.pk,
         "deployments": deployment.pk,
@@ -116,7 +124,10 @@ def sample_path(path: str, world: dict) -> str:
 
 
 # Query parameters an endpoint needs to answer 200 at all.
-REQUIRED_QUERY = {"verdict": lambda world: {"baseline": world["baseline"]}}
+REQUIRED_QUERY = {
+    "verdict": lambda world: {"baseline": world["baseline"]},
+    "compare": lambda world: {"baseline": world["probe_baseline"]},
+}
 
 
 def validate(spec: OpenAPI, method: str, path: str, answer, query: dict | None = None) -> None:
