@@ -451,3 +451,42 @@ def test_proposal_preview_says_the_probe_will_run(probe_set):
     assert "never probed" in html and "quantization changes" in html
     without = render_to_string("changes/_preview.html", {"facts": {**facts, "quality": {}}})
     assert "quality-facts" not in without
+
+
+# --- the live socket ---------------------------------------------------------------------------
+@pytest.mark.django_db(transaction=True)
+def test_probe_socket_streams_progress_to_readers_only(viewer, nobody):
+    import asyncio
+
+    from channels.routing import URLRouter
+    from channels.testing import WebsocketCommunicator
+    from django.contrib.auth.models import AnonymousUser
+
+    from benchmarks.services.probes import publish_probe
+    from home.routing import websocket_urlpatterns
+
+    run = make_probe_run(make_deployment(), make_probe_set(), status="running")
+    app = URLRouter(websocket_urlpatterns)
+    path = f"/ws/probes/{run.pk}/"
+
+    async def connect(user):
+        communicator = WebsocketCommunicator(app, path)
+        communicator.scope["user"] = user
+        connected, code = await communicator.connect()
+        return communicator, connected, code
+
+    async def scenario():
+        for user in (AnonymousUser(), nobody):
+            communicator, connected, code = await connect(user)
+            assert not connected and code == 4403
+            await communicator.disconnect()
+        watcher, connected, _ = await connect(viewer)
+        assert connected
+        run.done = 7
+        await asyncio.get_running_loop().run_in_executor(None, publish_probe, run)
+        event = await watcher.receive_json_from(timeout=5)
+        assert event["event"] == "probe.updated"
+        assert event["data"]["id"] == run.pk and event["data"]["done"] == 7
+        await watcher.disconnect()
+
+    asyncio.run(scenario())
