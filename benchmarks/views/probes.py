@@ -81,6 +81,7 @@ class ProbeForm(forms.Form):
 # --- probe sets --------------------------------------------------------------------------------
 @permission_required("benchmarks.view_probeset", raise_exception=True)
 def probe_sets(request):
+    _builtin_sets_present()
     sets = (
         ProbeSet.objects.latest()
         .defer("items")
@@ -155,6 +156,15 @@ def probe_set(request, pk):
     return render(request, "benchmarks/probe_set.html", context)
 
 
+def _builtin_sets_present() -> None:
+    """On a fresh install no built-in set is stored until a change is previewed (the
+    service stores them on demand): store them before listing or offering sets. Only when
+    none exists: bringing them up to date reads every file (a fifth of a second), which
+    ``default_set`` does whenever a change needs the set."""
+    if not ProbeSet.objects.filter(source="builtin").exists():
+        services.sync_builtin_sets()
+
+
 def _coverage_table(coverage: dict) -> dict:
     """``{"cat/lang": n}`` → rows of categories, columns of languages, with totals."""
     cells = {}
@@ -190,6 +200,7 @@ def _item_row(row: dict) -> dict:
 # --- one probe run -----------------------------------------------------------------------------
 @permission_required(START_PERMISSION, raise_exception=True)
 def probe_new(request):
+    _builtin_sets_present()
     initial = {"concurrency": 8, "deployment": _id(request.GET.get("deployment"))}
     default = ProbeSet.objects.filter(name=settings.QUALITY_PROBE_SET).order_by("-version")
     initial["probe_set"] = (

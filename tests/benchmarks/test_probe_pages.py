@@ -233,6 +233,13 @@ def test_good_upload_makes_the_next_version(client, operator):
     assert ProbeSet.objects.filter(name="mine").count() == 2
 
 
+def test_a_fresh_install_lists_the_built_in_sets(client, viewer, settings):
+    client.force_login(viewer)
+    page = client.get(reverse("benchmarks:probe_sets")).content.decode()
+    assert f'data-set="{settings.QUALITY_PROBE_SET}"' in page
+    assert ProbeSet.objects.filter(source="builtin").exists()
+
+
 def test_empty_upload_is_a_form_error(client, operator):
     client.force_login(operator)
     response = client.post(reverse("benchmarks:probe_set_upload"), {"name": "x"})
