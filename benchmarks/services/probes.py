@@ -130,8 +130,8 @@ def default_set() -> ProbeSet | None:
 
 def estimate_seconds(probe_set: ProbeSet, deployment: Deployment, concurrency: int):
     """About how long one probe of ``probe_set`` takes on ``deployment``: ``(seconds, basis)``,
-    from its last successful probe of that set when there is one, else a guess of a second per
-    wave of ``concurrency`` items (said so)."""
+    from its last successful probe of that set when there is one, else a guess of
+    GUESS_SECONDS_PER_WAVE per wave of ``concurrency`` items (said so)."""
     last = (
         ProbeRun.objects.filter(
             deployment=deployment,

@@ -137,7 +137,7 @@ def quality_facts(deployment: Deployment, diff: dict) -> dict:
     """Whether the change gets a quality probe (it touches what the model answers), with
     which set and about how long each of its two runs takes; empty when it does not."""
     from benchmarks.services import probes
-    from changes.services.stages_quality import PROBE_CONCURRENCY, needs_probe
+    from changes.services.quality import PROBE_CONCURRENCY, needs_probe
 
     why = needs_probe(deployment.engine, diff)
     if not why:

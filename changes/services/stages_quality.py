@@ -14,28 +14,9 @@ from benchmarks.models import ProbeRun
 from benchmarks.services import probes
 from changes.choices import Stage, StageStatus
 from changes.models import ChangeRequest
+from changes.services.quality import PROBE_CONCURRENCY, PROBE_FIELDS
 from changes.services.stages import PipelineStage, RollbackRequested, StageFailed, rollback_asked
 from controlpanel.choices import OperationStatus
-from hosts.engines import get_spec
-
-# Questions asked at once: enough to finish a few hundred items in a minute or two on one
-# engine, few enough not to measure the engine's batching instead of its answers.
-PROBE_CONCURRENCY = 16
-PROBE_FIELDS = {"baseline": "quality_baseline", "candidate": "quality_run"}
-
-
-def needs_probe(engine: str, diff: dict) -> list[str]:
-    """What in ``diff`` ({key: (running, proposed)}) can change the model's answers: flags
-    marked ``affects_answers`` in the engine's spec, and the model itself."""
-    spec = get_spec(engine)
-    touched = [
-        spec.by_dest[key].option
-        for key in diff
-        if key in spec.by_dest and spec.by_dest[key].affects_answers
-    ]
-    if "model" in diff:
-        touched.append("the model")
-    return touched
 
 
 def run_probe(change: ChangeRequest, purpose: str) -> tuple[ProbeRun | None, str]:

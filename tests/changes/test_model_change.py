@@ -10,8 +10,8 @@ import pytest
 from benchmarks.services import probes
 from changes.rules import ChangeRefused
 from changes.services import facts, review
+from changes.services.quality import needs_probe
 from changes.services.stages import NewVersion
-from changes.services.stages_quality import needs_probe
 from hosts.models import EngineConfig, EngineOperation
 from hosts.services import operations
 from tests.factories import make_host, make_sim_deployment
