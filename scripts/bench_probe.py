@@ -26,12 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.quality import (  # noqa: E402
-    builtin_set,
-    compare,
-    prompt_text,
-    run_probe_sync,
-)
+from benchmarks.quality import builtin_set, compare, run_probe_sync  # noqa: E402
+from benchmarks.quality.knowledge import knowledge_lines  # noqa: E402
 
 BASE = "meta-llama/Llama-3.1-8B-Instruct"
 VARIANTS = (
@@ -49,18 +45,7 @@ def free_port() -> int:
 
 def knowledge_file(items, path: Path) -> Path:
     """The items as the simulator's --knowledge lines (what the demo fleet writes)."""
-    lines = [
-        {
-            "text": prompt_text(i),
-            "category": i.category,
-            "language": i.language,
-            "answer": i.reference,
-            "wrong": i.wrong,
-            "json": i.answer.scorer == "json",
-        }
-        for i in items
-        if i.reference is not None
-    ]
+    lines = knowledge_lines(items)
     path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
     return path
 

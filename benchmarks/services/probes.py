@@ -23,10 +23,10 @@ from benchmarks.quality import (
     builtin_sets,
     compare,
     parse_jsonl,
-    prompt_text,
     run_probe_sync,
     to_jsonl,
 )
+from benchmarks.quality.knowledge import knowledge_lines
 from controlpanel.choices import OperationStatus
 from controlpanel.jobs import enqueue_on_commit
 from controlpanel.realtime import group_name, publish
@@ -149,28 +149,9 @@ def estimate_seconds(probe_set: ProbeSet, deployment: Deployment, concurrency: i
     return float(waves) * GUESS_SECONDS_PER_WAVE, "a guess: this deployment was never probed"
 
 
-def knowledge_lines(items: list[ProbeItem]) -> list[dict]:
-    """What a simulated model "knows" of these items, in the simulator's ``--knowledge``
-    format: the text it will be asked, the reference answer and a plausible wrong one. Data
-    the demo fleet hands to its engines, so that the simulator recognises a question by its
-    content and never needs the probe package (DESIGN: the simulator must not know its
-    instrument)."""
-    return [
-        {
-            "text": prompt_text(item),
-            "category": item.category,
-            "language": item.language,
-            "answer": item.reference,
-            "wrong": item.wrong,
-            "json": item.answer.scorer == "json",
-        }
-        for item in items
-        if item.reference is not None
-    ]
-
-
 def write_knowledge(path) -> int:
-    """Write the built-in sets' knowledge file (see ``knowledge_lines``); how many items."""
+    """Write the built-in sets' knowledge file for simulated engines
+    (``benchmarks.quality.knowledge``); how many items."""
     seen: dict[str, dict] = {}
     for items in builtin_sets().values():
         for line in knowledge_lines(items):
