@@ -18,7 +18,12 @@ from hosts.engines.redaction import masked
 from hosts.models import Deployment, EngineConfig
 
 # The page's form keeps thresholds in percent; the row keeps fractions.
-THRESHOLDS = ("max_error_rate_increase", "max_ttft_p95_regression", "max_itl_p95_regression")
+THRESHOLDS = (
+    "max_error_rate_increase",
+    "max_ttft_p95_regression",
+    "max_itl_p95_regression",
+    "max_quality_loss",
+)
 
 
 # --- what is read --------------------------------------------------------------------------
@@ -199,6 +204,7 @@ class ChangeDetailSerializer(ChangeItemSerializer):
     max_error_rate_increase = serializers.SerializerMethodField()
     max_ttft_p95_regression = serializers.SerializerMethodField()
     max_itl_p95_regression = serializers.SerializerMethodField()
+    max_quality_loss = serializers.SerializerMethodField()
 
     class Meta(ChangeItemSerializer.Meta):
         fields = ChangeItemSerializer.Meta.fields + [
@@ -346,6 +352,10 @@ class ChangeDetailSerializer(ChangeItemSerializer):
     def get_max_itl_p95_regression(self, change: ChangeRequest) -> float:
         return round(change.max_itl_p95_regression * 100, 6)
 
+    @extend_schema_field(serializers.FloatField(help_text="Accuracy points."))
+    def get_max_quality_loss(self, change: ChangeRequest) -> float:
+        return round(change.max_quality_loss * 100, 6)
+
 
 # --- what is sent ----------------------------------------------------------------------------
 class ChangeProposeSerializer(StrictSerializerMixin, serializers.Serializer):
@@ -389,6 +399,11 @@ class ChangeProposeSerializer(StrictSerializerMixin, serializers.Serializer):
     )
     max_itl_p95_regression = serializers.FloatField(
         required=False, help_text="Percent (default 20)."
+    )
+    max_quality_loss = serializers.FloatField(
+        required=False,
+        help_text="Accuracy points (default 1): when a quality probe runs, a significant loss "
+        "beyond this rolls the change back.",
     )
     window_start = serializers.DateTimeField(required=False, allow_null=True)
     window_end = serializers.DateTimeField(required=False, allow_null=True)

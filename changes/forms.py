@@ -190,6 +190,14 @@ class ProposeForm(forms.Form):
     max_itl_p95_regression = forms.FloatField(
         min_value=0, initial=20, label="Max ITL p95 regression (%)"
     )
+    max_quality_loss = forms.FloatField(
+        required=False,  # empty: the default, 1 point
+        min_value=0,
+        max_value=100,
+        initial=1,
+        label="Max accuracy loss (points)",
+        help_text="When a quality probe runs: roll back on a significant loss beyond this.",
+    )
     # "Propose this change": the advisor finding the proposal answers (one of this deployment).
     finding = forms.ModelChoiceField(
         queryset=None, required=False, widget=forms.HiddenInput, label="Advisor finding"
@@ -335,6 +343,10 @@ class ProposeForm(forms.Form):
                 "max_error_rate_increase": data["max_error_rate_increase"] / 100,
                 "max_ttft_p95_regression": data["max_ttft_p95_regression"] / 100,
                 "max_itl_p95_regression": data["max_itl_p95_regression"] / 100,
+                "max_quality_loss": (
+                    1.0 if data.get("max_quality_loss") is None else data["max_quality_loss"]
+                )
+                / 100,
             },
             "window": (data.get("window_start"), data.get("window_end")),
             "finding": data.get("finding"),

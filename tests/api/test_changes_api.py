@@ -472,3 +472,20 @@ def test_session_posts_need_the_csrf_token(operator, deployment):
     answer = api.post(LIST, body(deployment), format="json")
     assert answer.status_code == 403 and "CSRF" in answer.json()["detail"]
     assert not ChangeRequest.objects.exists()
+
+
+def test_a_change_of_model_is_proposed_with_its_quality_probe(operator, deployment, token_for):
+    model = deployment.model
+    answer = token_for(operator, "ops-ci").post(
+        LIST,
+        body(deployment, settings={}, model=f"{model}-AWQ", max_quality_loss=3),
+        format="json",
+    )
+    assert answer.status_code == 201, answer.json()
+    detail = answer.json()
+    assert detail["model"] == f"{model}-AWQ" and detail["max_quality_loss"] == 3
+    assert {"flag": "model", "running": model, "proposed": f"{model}-AWQ"} in [
+        {k: row[k] for k in ("flag", "running", "proposed")} for row in detail["diff"]
+    ]
+    change = ChangeRequest.objects.get(pk=detail["id"])
+    assert change.probe_set is not None and change.max_quality_loss == 0.03
