@@ -403,7 +403,7 @@ def test_config_diff_shows_what_changed_and_hides_secrets(client, viewer):
     assert [c["changed"] for c in rows["max_num_seqs"]["cells"]] == [False, True, False]
     assert [c["text"] for c in rows["enable_prefix_caching"]["cells"]] == ["true", "true", "—"]
     assert [c["changed"] for c in rows["env.HF_TOKEN"]["cells"]] == [False, True, True]
-    assert diff["same_settings"] == 1  # dtype
+    assert diff["same_settings"] == 2  # dtype and the model each version pins
     facts = {row["label"]: row for row in diff["facts"]}
     assert [c["text"] for c in facts["Config version"]["cells"]] == ["v1", "v2", "v3"]
     assert not facts["Load profile"]["changed"] and not facts["GPUs"]["changed"]

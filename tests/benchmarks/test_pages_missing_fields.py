@@ -198,7 +198,10 @@ def test_every_url_that_takes_a_run_is_covered():
     benchmarks = get_resolver().namespace_dict["benchmarks"][1]
     for pattern in benchmarks.url_patterns:
         route = str(pattern.pattern)
-        if "<int:pk>" in route and not route.startswith(("profiles/", "prices/", "import/")):
+        # Profiles, prices, imports and quality probes have pages of their own objects.
+        if "<int:pk>" in route and not route.startswith(
+            ("profiles/", "prices/", "import/", "probes/")
+        ):
             run_urls.add(f"benchmarks:{pattern.name}")
     covered = {name.split("/")[0] for name in RUN_PAGES}
     # Cancelling is a POST action, not a page.
