@@ -21,10 +21,11 @@ def scrub(text: str, secrets=frozenset()) -> str:
 
 
 class QuietFrequentTasks(logging.Filter):
-    """Drops the INFO lines of the once-a-second telemetry poll (sent, received, succeeded):
+    """Drops the INFO lines of the once-a-second polls (GPU telemetry, engine signals): sent,
+    received, succeeded:
     sixty a minute would bury everything else. Its warnings and errors still pass."""
 
-    NAMES = ("poll_telemetry", "poll-telemetry")
+    NAMES = ("poll_telemetry", "poll-telemetry", "poll_engine_signals", "poll-engine-signals")
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno > logging.INFO:

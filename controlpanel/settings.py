@@ -150,6 +150,9 @@ def _read():
         "ADVISOR_INTERVAL": env_float("ADVISOR_INTERVAL_SECONDS", 60.0, minimum=0),
         "ADVISOR_SCRAPE_SECONDS": env_float("ADVISOR_SCRAPE_SECONDS", 5.0, minimum=0),
         "ADVISOR_TELEMETRY_SECONDS": env_float("ADVISOR_TELEMETRY_SECONDS", 300.0, minimum=1),
+        "SCALING_SIGNAL_INTERVAL": env_float("SCALING_SIGNAL_INTERVAL_SECONDS", 1.0, minimum=0),
+        "SCALING_SAMPLE_MINUTES": env_int("SCALING_SAMPLE_RETENTION_MINUTES", 60, minimum=10),
+        "SCALING_SLO_TTFT_P95_MS": env_float("SCALING_SLO_TTFT_P95_MS", 500.0, minimum=1),
     }
 
 
@@ -204,6 +207,7 @@ INSTALLED_APPS = [
     "hosts",
     "benchmarks",
     "changes",
+    "scaling",
     "api",
     "home",
 ]
@@ -524,6 +528,22 @@ if ADVISOR_INTERVAL_SECONDS > 0:
         "schedule": ADVISOR_INTERVAL_SECONDS,
         # A sweep that could not start before the next is due is stale.
         "options": {"expires": ADVISOR_INTERVAL_SECONDS},
+    }
+
+# --- Scaling (scaling.services) ---------------------------------------------------------------
+# How often the engines' /metrics are scraped for the live scaling signals (0: never).
+SCALING_SIGNAL_INTERVAL = _env["SCALING_SIGNAL_INTERVAL"]
+# Engine samples (one per deployment per scrape) are kept this long; the 5-minute windows
+# need at least 5 of them, charts show up to this much.
+SCALING_SAMPLE_RETENTION_MINUTES = _env["SCALING_SAMPLE_MINUTES"]
+# The SLO a deployment without its own scaling policy is judged by (p95 TTFT, ms).
+SCALING_SLO_TTFT_P95_MS = _env["SCALING_SLO_TTFT_P95_MS"]
+if SCALING_SIGNAL_INTERVAL > 0:
+    CELERY_BEAT_SCHEDULE["poll-engine-signals"] = {
+        "task": "scaling.tasks.poll_engine_signals",
+        "schedule": SCALING_SIGNAL_INTERVAL,
+        # A scrape that could not start before the next is due is stale.
+        "options": {"expires": max(SCALING_SIGNAL_INTERVAL * 2, 2.0)},
     }
 
 LOGGING = {

@@ -32,6 +32,10 @@ class TimeLimit:
 HOST_CHECK = TimeLimit(50, 60)
 CHECK_ALL_HOSTS = TimeLimit(110, 120)
 POLL_TELEMETRY = TimeLimit(25, 30)
+# The engines' /metrics, every SCALING_SIGNAL_INTERVAL seconds (requests bounded by 3 s each).
+POLL_ENGINE_SIGNALS = TimeLimit(25, 30)
+# A day at one-minute steps under four policies takes seconds; a slow machine gets minutes.
+WHAT_IF = TimeLimit(280, 300)
 DOWNSAMPLE_TELEMETRY = TimeLimit(280, 300)
 FAIL_STALE_RUNS = TimeLimit(100, 120)
 NOTIFY_CHANGE = TimeLimit(50, 60)

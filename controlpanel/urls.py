@@ -40,6 +40,7 @@ urlpatterns = [
     path("hosts/", include("hosts.urls")),
     path("benchmarks/", include("benchmarks.urls")),
     path("changes/", include("changes.urls")),
+    path("scaling/", include("scaling.urls")),
     path("api/", include("api.urls")),
     path("", include("api.metrics_urls")),  # /metrics
     path("", include("home.urls")),
