@@ -8,69 +8,234 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('benchmarks', '0010_quality_probes'),
-        ('hosts', '0005_config_model'),
+        ("benchmarks", "0010_quality_probes"),
+        ("hosts", "0005_config_model"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ScalingPolicy',
+            name="ScalingPolicy",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('slo_ttft_p95_ms', models.FloatField(default=500.0, help_text='p95 time to first token a replica must keep, ms.', validators=[django.core.validators.MinValueValidator(1.0), django.core.validators.MaxValueValidator(600000.0)])),
-                ('slo_itl_p95_ms', models.FloatField(blank=True, help_text='Optional p95 inter-token latency, ms.', null=True, validators=[django.core.validators.MinValueValidator(0.1), django.core.validators.MaxValueValidator(60000.0)])),
-                ('max_error_rate', models.FloatField(default=0.01, help_text='Share of failed requests above which a load level is not served (0–1).', validators=[django.core.validators.MinValueValidator(0.0), django.core.validators.MaxValueValidator(1.0)])),
-                ('min_replicas', models.PositiveSmallIntegerField(default=1, validators=[django.core.validators.MinValueValidator(0), django.core.validators.MaxValueValidator(1000)])),
-                ('max_replicas', models.PositiveSmallIntegerField(default=8, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(1000)])),
-                ('target', models.FloatField(default=0.8, help_text="Share of a replica's measured capacity to plan for (headroom for bursts).", validators=[django.core.validators.MinValueValidator(0.1), django.core.validators.MaxValueValidator(1.0)])),
-                ('stabilisation_s', models.PositiveIntegerField(default=300, help_text='A scale-down waits this long of lower demand.', validators=[django.core.validators.MaxValueValidator(86400)])),
-                ('cooldown_s', models.PositiveIntegerField(default=300, help_text="KEDA's cooldownPeriod: how long after the last active trigger before scaling to the minimum.", validators=[django.core.validators.MaxValueValidator(86400)])),
-                ('polling_interval_s', models.PositiveIntegerField(default=15, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(3600)])),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('deployment', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='scaling_policy', to='hosts.deployment')),
-                ('load_profile', models.ForeignKey(blank=True, help_text='Capacity is measured by runs of this profile version; empty: the profile of the newest finished run on the running config.', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='benchmarks.loadprofile')),
-                ('updated_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "slo_ttft_p95_ms",
+                    models.FloatField(
+                        default=500.0,
+                        help_text="p95 time to first token a replica must keep, ms.",
+                        validators=[
+                            django.core.validators.MinValueValidator(1.0),
+                            django.core.validators.MaxValueValidator(600000.0),
+                        ],
+                    ),
+                ),
+                (
+                    "slo_itl_p95_ms",
+                    models.FloatField(
+                        blank=True,
+                        help_text="Optional p95 inter-token latency, ms.",
+                        null=True,
+                        validators=[
+                            django.core.validators.MinValueValidator(0.1),
+                            django.core.validators.MaxValueValidator(60000.0),
+                        ],
+                    ),
+                ),
+                (
+                    "max_error_rate",
+                    models.FloatField(
+                        default=0.01,
+                        help_text="Share of failed requests above which a load level is not served (0–1).",
+                        validators=[
+                            django.core.validators.MinValueValidator(0.0),
+                            django.core.validators.MaxValueValidator(1.0),
+                        ],
+                    ),
+                ),
+                (
+                    "min_replicas",
+                    models.PositiveSmallIntegerField(
+                        default=1,
+                        validators=[
+                            django.core.validators.MinValueValidator(0),
+                            django.core.validators.MaxValueValidator(1000),
+                        ],
+                    ),
+                ),
+                (
+                    "max_replicas",
+                    models.PositiveSmallIntegerField(
+                        default=8,
+                        validators=[
+                            django.core.validators.MinValueValidator(1),
+                            django.core.validators.MaxValueValidator(1000),
+                        ],
+                    ),
+                ),
+                (
+                    "target",
+                    models.FloatField(
+                        default=0.8,
+                        help_text="Share of a replica's measured capacity to plan for (headroom for bursts).",
+                        validators=[
+                            django.core.validators.MinValueValidator(0.1),
+                            django.core.validators.MaxValueValidator(1.0),
+                        ],
+                    ),
+                ),
+                (
+                    "stabilisation_s",
+                    models.PositiveIntegerField(
+                        default=300,
+                        help_text="A scale-down waits this long of lower demand.",
+                        validators=[django.core.validators.MaxValueValidator(86400)],
+                    ),
+                ),
+                (
+                    "cooldown_s",
+                    models.PositiveIntegerField(
+                        default=300,
+                        help_text="KEDA's cooldownPeriod: how long after the last active trigger before scaling to the minimum.",
+                        validators=[django.core.validators.MaxValueValidator(86400)],
+                    ),
+                ),
+                (
+                    "polling_interval_s",
+                    models.PositiveIntegerField(
+                        default=15,
+                        validators=[
+                            django.core.validators.MinValueValidator(1),
+                            django.core.validators.MaxValueValidator(3600),
+                        ],
+                    ),
+                ),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "deployment",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="scaling_policy",
+                        to="hosts.deployment",
+                    ),
+                ),
+                (
+                    "load_profile",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Capacity is measured by runs of this profile version; empty: the profile of the newest finished run on the running config.",
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="benchmarks.loadprofile",
+                    ),
+                ),
+                (
+                    "updated_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='WhatIfPlan',
+            name="WhatIfPlan",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('cancelled', 'Cancelled')], db_index=True, default='queued', max_length=16)),
-                ('created_at', models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('log', models.TextField(blank=True)),
-                ('error', models.TextField(blank=True)),
-                ('traffic', models.JSONField(default=dict)),
-                ('params', models.JSONField(default=dict)),
-                ('result', models.JSONField(blank=True, default=dict)),
-                ('progress', models.FloatField(default=0.0)),
-                ('deployment', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='what_if_plans', to='hosts.deployment')),
-                ('requested_by', models.ForeignKey(blank=True, help_text='Empty when the scheduler started it.', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        db_index=True,
+                        default="queued",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "created_at",
+                    models.DateTimeField(db_index=True, default=django.utils.timezone.now),
+                ),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("log", models.TextField(blank=True)),
+                ("error", models.TextField(blank=True)),
+                ("traffic", models.JSONField(default=dict)),
+                ("params", models.JSONField(default=dict)),
+                ("result", models.JSONField(blank=True, default=dict)),
+                ("progress", models.FloatField(default=0.0)),
+                (
+                    "deployment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="what_if_plans",
+                        to="hosts.deployment",
+                    ),
+                ),
+                (
+                    "requested_by",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Empty when the scheduler started it.",
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-pk'],
-                'abstract': False,
+                "ordering": ["-created_at", "-pk"],
+                "abstract": False,
             },
         ),
         migrations.CreateModel(
-            name='EngineSample',
+            name="EngineSample",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('time', models.DateTimeField(default=django.utils.timezone.now)),
-                ('snapshot', models.JSONField(default=dict)),
-                ('signals', models.JSONField(default=dict)),
-                ('deployment', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='engine_samples', to='hosts.deployment')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("time", models.DateTimeField(default=django.utils.timezone.now)),
+                ("snapshot", models.JSONField(default=dict)),
+                ("signals", models.JSONField(default=dict)),
+                (
+                    "deployment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="engine_samples",
+                        to="hosts.deployment",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-time'],
-                'indexes': [models.Index(fields=['deployment', '-time'], name='enginesample_dep_time')],
+                "ordering": ["-time"],
+                "indexes": [
+                    models.Index(fields=["deployment", "-time"], name="enginesample_dep_time")
+                ],
             },
         ),
     ]

@@ -203,3 +203,23 @@ class Decision(_Dict):
         data["thresholds"] = Thresholds.from_dict(data.get("thresholds") or {})
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class ExportTarget(_Dict):
+    """What the export files are written for: one deployment's replica group, the
+    Kubernetes object to scale, the Prometheus that scrapes the panel, and the thresholds
+    (with the run they came from)."""
+
+    deployment: str = ""
+    deployment_id: int = 0
+    host: str = ""
+    model: str = ""
+    engine: str = ""
+    scale_target: str = ""  # the Kubernetes Deployment/StatefulSet; default: deployment name
+    scale_target_kind: str = "Deployment"
+    namespace: str = "default"
+    prometheus_url: str = "http://prometheus.monitoring.svc:9090"
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    slo: SLO = field(default_factory=SLO)
