@@ -1,5 +1,207 @@
-"""Placeholder: the engine signal poller (filled in by the signals work)."""
+"""The engine signal poller: scrape every serving engine's /metrics, compute its live signals
+and store them as one ``EngineSample`` per deployment (the beat task ``poll-engine-signals``,
+every ``SCALING_SIGNAL_INTERVAL`` seconds).
+
+The database is the source of truth: beat may hand consecutive polls to different worker
+processes, so each poll reads the last five minutes of samples of every deployment it
+computes (in one query). Their snapshots, the heavy part, are kept in a per-process cache
+keyed by the sample's primary key, so only the rows another process wrote are read again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+
+import httpx
+from django.conf import settings
+from django.core.cache import cache
+from django.db.models import OuterRef, Subquery
+from django.utils import timezone
+
+from changes.services.diagnosis_facts import metrics_url
+from controlpanel.realtime import group_name, publish
+from hosts.choices import DeploymentStatus, HostStatus
+from hosts.engines.metrics import endpoints
+from hosts.models import Deployment
+from scaling.models import EngineSample
+from scaling.planning import expo
+from scaling.planning import signals as planning
+from scaling.planning.types import Signals
+
+log = logging.getLogger(__name__)
+
+SCRAPE_TIMEOUT_S = 3.0  # one slow engine must not hold the signals of the rest past the lag
+MAX_PARALLEL = 16
+HISTORY_S = planning.PENDING_WINDOW_S  # the longest window any signal looks back over
+RETENTION_KEY = "scaling:signals:retention"
+RETENTION_EVERY_S = 60
+
+# sample pk → (deployment pk, epoch seconds, snapshot): rows this process wrote or read.
+_snapshots: dict[int, tuple[int, float, dict]] = {}
+# deployment pk → the kind of failure last logged for it ("" once it answers again).
+_failing: dict[int, str] = {}
+
+
+def serves_metrics(deployment: Deployment) -> bool:
+    """Whether the engine serves /metrics at all (SGLang only with ``--enable-metrics``)."""
+    flag = endpoints(deployment.engine).metrics_flag
+    config = deployment.active_config
+    return not flag or bool(config and config.settings.get(flag))
+
+
+def pollable_deployments() -> list[Deployment]:
+    """The running deployments on online hosts whose engines serve /metrics."""
+    deployments = Deployment.objects.filter(
+        status=DeploymentStatus.RUNNING, host__status=HostStatus.ONLINE
+    ).select_related("host", "active_config")
+    return [d for d in deployments if serves_metrics(d)]
 
 
 def poll_signals() -> int:
-    return 0
+    """Scrape, compute, store and publish the signals of every pollable deployment; the
+    number of samples stored. An engine that fails is skipped (and logged once per change
+    of state); the others are stored all the same."""
+    deployments = pollable_deployments()
+    if not deployments:
+        return 0
+    scraped = _scrape_all(deployments)
+    answered = [(d, t, snap) for d, (t, snap, _) in zip(deployments, scraped, strict=True) if snap]
+    for d, (_, _, (kind, message)) in zip(deployments, scraped, strict=True):
+        _note_state(d, kind, message)
+    if not answered:
+        _delete_old_samples()
+        return 0
+    history = _history([d.pk for d, _, _ in answered])
+    samples = []
+    for d, t, snap in answered:
+        computed = planning.compute([*history.get(d.pk, []), (t, snap)])
+        samples.append(
+            EngineSample(
+                deployment=d,
+                time=datetime.fromtimestamp(t, UTC),
+                snapshot=snap,
+                signals=computed.as_dict(),
+            )
+        )
+    EngineSample.objects.bulk_create(samples)
+    for sample in samples:
+        t = sample.time.timestamp()
+        if sample.pk is not None:
+            _snapshots[sample.pk] = (sample.deployment_id, t, sample.snapshot)
+        publish(
+            group_name("host", sample.deployment.host_id),
+            "deployment.signals",
+            {"id": sample.deployment_id, "t": round(t * 1000), "signals": sample.signals},
+        )
+    _delete_old_samples()  # after the samples are out: not on the path of their lag
+    return len(samples)
+
+
+# --- scraping ----------------------------------------------------------------------------------
+def _scrape_all(deployments: list[Deployment]) -> list[tuple[float, dict | None, tuple]]:
+    """``(epoch seconds, snapshot or None, (failure kind, message))`` per deployment, in
+    order; the engines are asked in parallel, each request bounded by SCRAPE_TIMEOUT_S."""
+    requests = []
+    for d in deployments:
+        key = d.api_key()
+        requests.append((metrics_url(d), {"Authorization": f"Bearer {key}"} if key else {}))
+    with httpx.Client(timeout=SCRAPE_TIMEOUT_S) as client:
+        if len(requests) == 1:
+            return [_scrape(client, *requests[0])]
+        with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(requests))) as pool:
+            return list(pool.map(lambda r: _scrape(client, *r), requests))
+
+
+def _scrape(client: httpx.Client, url: str, headers: dict) -> tuple[float, dict | None, tuple]:
+    try:
+        response = client.get(url, headers=headers)
+        response.raise_for_status()
+        snap = expo.parse_snapshot(response.text)
+    except httpx.HTTPStatusError as exc:
+        return time.time(), None, (f"HTTP {exc.response.status_code}", f"{url}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - whatever one engine does, the others are polled
+        return time.time(), None, (type(exc).__name__, f"{url}: {type(exc).__name__}: {exc}")
+    if snap["engine"] is None:
+        return time.time(), None, ("no engine metrics", f"no vllm: or sglang: metrics at {url}")
+    return time.time(), snap, ("", "")
+
+
+def _note_state(deployment: Deployment, kind: str, message: str) -> None:
+    """Log a deployment's scrape failing, or answering again, once per change of state: an
+    engine that is down stays down for many polls a second apart."""
+    before = _failing.get(deployment.pk, "")
+    if kind == before:
+        return
+    _failing[deployment.pk] = kind
+    if kind:
+        log.warning("signals of %s: %s", deployment.name, message[:300])
+    else:
+        log.info("signals of %s: the engine's /metrics answers again", deployment.name)
+
+
+# --- samples -----------------------------------------------------------------------------------
+def _history(deployment_ids: list[int]) -> dict[int, list[tuple[float, dict]]]:
+    """Each deployment's stored snapshots of the last HISTORY_S, oldest first: which rows
+    those are comes from the database; their snapshots from this process's cache, reading
+    only those it has not seen (in one more query)."""
+    since = timezone.now() - timedelta(seconds=HISTORY_S)
+    window = EngineSample.objects.filter(deployment_id__in=deployment_ids, time__gte=since)
+    rows = list(window.order_by().values_list("pk", "time"))
+    unseen = [t for pk, t in rows if pk not in _snapshots]
+    if unseen:
+        # From the oldest unseen row on: no long IN list, and usually just the newest rows.
+        fresh = window.filter(time__gte=min(unseen)).order_by()
+        for pk, dep, t, snap in fresh.values_list("pk", "deployment_id", "time", "snapshot"):
+            _snapshots[pk] = (dep, t.timestamp(), snap)
+    wanted = set(deployment_ids)
+    in_window = {pk for pk, _ in rows}
+    for pk in [pk for pk, (dep, _, _) in _snapshots.items() if dep in wanted]:
+        if pk not in in_window:
+            del _snapshots[pk]
+    history: dict[int, list[tuple[float, dict]]] = {}
+    for pk in in_window:
+        dep, t, snap = _snapshots[pk]
+        history.setdefault(dep, []).append((t, snap))
+    for snaps in history.values():
+        snaps.sort(key=lambda item: item[0])
+    return history
+
+
+def _delete_old_samples() -> None:
+    """Samples older than SCALING_SAMPLE_RETENTION_MINUTES go, at most once a minute (the
+    cache key is shared by every worker when the cache is Redis)."""
+    if not cache.add(RETENTION_KEY, True, timeout=RETENTION_EVERY_S):
+        return
+    cutoff = timezone.now() - timedelta(minutes=settings.SCALING_SAMPLE_RETENTION_MINUTES)
+    EngineSample.objects.filter(time__lt=cutoff).delete()
+
+
+# --- reading -------------------------------------------------------------------------------------
+def recent_samples(deployment: Deployment, seconds: float) -> list[EngineSample]:
+    """The deployment's samples of the last ``seconds``, oldest first."""
+    since = timezone.now() - timedelta(seconds=seconds)
+    return list(
+        EngineSample.objects.filter(deployment=deployment, time__gte=since).order_by("time")
+    )
+
+
+def latest_signals(
+    deployment_ids, max_age_s: float | None = None
+) -> dict[int, tuple[datetime, Signals]]:
+    """The newest signals of each deployment that has a sample (younger than ``max_age_s``
+    when given), in one query."""
+    newest = EngineSample.objects.filter(deployment_id=OuterRef("deployment_id")).order_by(
+        "-time", "-pk"
+    )
+    rows = EngineSample.objects.filter(
+        deployment_id__in=list(deployment_ids), pk=Subquery(newest.values("pk")[:1])
+    )
+    if max_age_s is not None:
+        rows = rows.filter(time__gte=timezone.now() - timedelta(seconds=max_age_s))
+    return {
+        dep: (t, Signals.from_dict(data))
+        for dep, t, data in rows.order_by().values_list("deployment_id", "time", "signals")
+    }
