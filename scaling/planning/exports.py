@@ -147,7 +147,6 @@ def header(target: ExportTarget, what: str) -> str:
 @dataclass(frozen=True)
 class _Trigger:
     name: str
-    key: str
     query: str
     threshold: float | None
     metric_type: str  # "AverageValue": threshold is per replica; "Value": for the whole group
@@ -167,7 +166,6 @@ def _triggers(target: ExportTarget) -> list[_Trigger]:
     return [
         _Trigger(
             "queue-depth",
-            "requests_waiting",
             f"sum({selector('requests_waiting', model)})",
             t.requests_waiting,
             "AverageValue",
@@ -176,7 +174,6 @@ def _triggers(target: ExportTarget) -> list[_Trigger]:
         ),
         _Trigger(
             "pending-prompt-tokens",
-            "pending_prompt_tokens",
             f"sum({selector('pending_prompt_tokens', model)})",
             t.pending_prompt_tokens,
             "AverageValue",
@@ -188,7 +185,6 @@ def _triggers(target: ExportTarget) -> list[_Trigger]:
         # "AverageValue" would divide a latency by the replica count, which means nothing.
         _Trigger(
             "ttft-p95-guardrail",
-            "ttft_p95_seconds",
             f"max({selector('ttft_p95_seconds', model, '1m')})",
             t.ttft_p95_seconds or slo_seconds(target),
             "Value",
@@ -196,7 +192,6 @@ def _triggers(target: ExportTarget) -> list[_Trigger]:
         ),
         _Trigger(
             "arrival-rate",
-            "arrival_requests_per_second",
             f"sum({selector('arrival_requests_per_second', model)})",
             t.requests_per_s,
             "AverageValue",
@@ -273,7 +268,8 @@ def keda_scaled_object(target: ExportTarget) -> dict:
             "scaleTargetRef": {
                 "apiVersion": "apps/v1",
                 "kind": target.scale_target_kind or "Deployment",
-                "name": name,
+                # The object exists already: its own name, as given; ours when none was.
+                "name": target.scale_target or name,
             },
             "minReplicaCount": int(policy.min_replicas),
             "maxReplicaCount": int(policy.max_replicas),

@@ -151,6 +151,16 @@ def test_scaled_object_carries_the_policy():
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 420
 
 
+def test_scale_target_is_named_as_given():
+    target = ExportTarget(
+        deployment="d", model="m", scale_target="vllm.llama-8b", scale_target_kind="StatefulSet"
+    )
+    doc = exports.keda_scaled_object(target)
+    assert doc["spec"]["scaleTargetRef"]["name"] == "vllm.llama-8b"
+    assert doc["spec"]["scaleTargetRef"]["kind"] == "StatefulSet"
+    assert doc["metadata"]["name"] == "vllm-llama-8b"
+
+
 def test_triggers_take_the_targets_thresholds_on_the_panels_series():
     doc = keda_doc(make_target())
     by_name = triggers_by_name(doc)
