@@ -102,6 +102,7 @@ def predict(
     heapq.heapify(pending)
 
     clock = 0.0
+    busy = 0.0  # seconds the engine spent stepping: what NVML reports as utilisation
     kv_samples: list[float] = []
     max_running = 0
     while pending or core.has_work:
@@ -114,6 +115,7 @@ def predict(
         result = core.step(clock)
         if result is None:
             continue
+        busy += result.duration
         clock = result.end
         kv_samples.append(core.kv.usage)
         max_running = max(max_running, result.num_running + len(result.finished))
@@ -123,7 +125,10 @@ def predict(
                     heapq.heappush(pending, (clock + workload.client_turnaround_s, next_index))
                     next_index += 1
     measured = requests[workload.warmup_requests :]
-    return summarize(measured, core, kv_samples, max_running, cfg)
+    out = summarize(measured, core, kv_samples, max_running, cfg)
+    # Over the whole run (warm-up included): the GPU was busy then too.
+    out["busy_fraction"] = min(1.0, busy / clock) if clock > 0 else 0.0
+    return out
 
 
 def _make_request(i: int, w: Workload, cfg, rng: random.Random) -> Request:
