@@ -87,7 +87,7 @@ def export(request, pk, kind):
         return render(request, "scaling/_export_error.html", context, status=400)
     target = exports.export_target(item, scaling_state(item), form.target_params(item.name))
     file = exports.render(kind, target)
-    response = HttpResponse(file.body, content_type=f"{file.content_type}; charset=utf-8")
+    response = HttpResponse(file.text, content_type=f"{file.content_type}; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{file.filename}"'
     return response
 

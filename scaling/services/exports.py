@@ -1,37 +1,23 @@
 """The export downloads of one deployment: the ``ExportTarget`` the pure writers take
 (``scaling.planning.exports``), and each file rendered with its name and media type.
 
-The header comment of every file says where it came from (panel, deployment, the runs the
-thresholds came from) and which triggers or rules are missing and why, so a file
+Every file's header comment says where it came from (panel, deployment, the runs the
+thresholds came from); a YAML file's also lists the triggers it lacks and why, so a file
 downloaded before any benchmark is still honest about what it leaves out."""
 
 from __future__ import annotations
-
-import re
-from dataclasses import dataclass
-
-from django.utils import timezone
 
 from hosts.models import Deployment
 from scaling.planning import exports as writers
 from scaling.planning.types import ExportTarget
 
 KINDS = ("keda.yaml", "alerts.yaml", "grafana.json")
-# What each threshold feeds, and why it may be missing: said in the header when it is.
+# What each threshold feeds (in the scaler and the alerts), said in the header when missing.
 THRESHOLD_USES = (
-    ("requests_waiting", "the queue-depth trigger (requests waiting per replica)"),
+    ("requests_waiting", "the queue-depth trigger and alert (requests waiting per replica)"),
     ("pending_prompt_tokens", "the pending-prompt-tokens trigger"),
     ("requests_per_s", "the arrival-rate trigger (requests/s per replica)"),
 )
-
-
-@dataclass(frozen=True)
-class ExportFile:
-    """One rendered download."""
-
-    body: str
-    content_type: str
-    filename: str
 
 
 def export_target(deployment: Deployment, state, params: dict) -> ExportTarget:
@@ -60,45 +46,22 @@ def missing_thresholds(target: ExportTarget) -> list[str]:
     ]
 
 
-def header(target: ExportTarget, what: str) -> str:
-    lines = [
-        f"{what} for {target.host}/{target.deployment} ({target.model}, {target.engine}),",
-        f"written by the LLM control panel on {timezone.now():%Y-%m-%d %H:%M} UTC.",
-        f"SLO: p95 TTFT <= {target.slo.ttft_p95_ms:g} ms"
-        + (f", p95 ITL <= {target.slo.itl_p95_ms:g} ms" if target.slo.itl_p95_ms else "")
-        + ".",
-        "Thresholds: " + (target.thresholds.evidence or "none measured yet."),
-    ]
+def render(kind: str, target: ExportTarget) -> writers.ExportFile:
+    """The file of ``kind`` (one of ``KINDS``) for ``target``; a YAML file's header also
+    lists the triggers it lacks, and why."""
+    file = writers.render(target, kind)
     missing = missing_thresholds(target)
-    if missing:
-        lines.append("Missing:")
-        lines.extend("  - " + line for line in missing)
-        lines.append(
-            "  Benchmark the deployment on its running config (a staged load that crosses "
-            "the SLO) and download again."
-        )
-    return "\n".join(lines)
-
-
-def _stem(target: ExportTarget) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{target.host}-{target.deployment}").strip("-")
-
-
-def render(kind: str, target: ExportTarget) -> ExportFile:
-    """The file of ``kind`` (one of ``KINDS``) for ``target``."""
-    stem = _stem(target)
-    if kind == "keda.yaml":
-        doc = writers.keda_scaled_object(target)
-        body = writers.dump_yaml(doc, header(target, "KEDA ScaledObject"))
-        return ExportFile(body, "application/yaml", f"{stem}-keda-scaledobject.yaml")
-    if kind == "alerts.yaml":
-        doc = writers.alert_rules(target)
-        body = writers.dump_yaml(doc, header(target, "Prometheus alerting rules"))
-        return ExportFile(body, "application/yaml", f"{stem}-alert-rules.yaml")
-    if kind == "grafana.json":
-        body = writers.dump_json(writers.grafana_dashboard(target))
-        return ExportFile(body, "application/json", f"{stem}-grafana-dashboard.json")
-    raise ValueError(f"unknown export kind {kind!r}")
+    if not kind.endswith(".yaml") or not missing:
+        return file
+    title, build, _ = writers.KINDS[kind.removesuffix(".yaml")]
+    lines = [writers.header(target, title), "Missing:"]
+    lines += ["  - " + line for line in missing]
+    lines.append(
+        "  Benchmark the deployment on its running config with a load that crosses the SLO, "
+        "then download again."
+    )
+    text = writers.dump_yaml(build(target), "\n".join(lines))
+    return writers.ExportFile(file.filename, file.content_type, text)
 
 
 def scrape_config(panel_url: str) -> str:
