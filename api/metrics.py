@@ -14,7 +14,8 @@ Where the numbers come from:
   mode, or one uvicorn worker per container with one scrape target each).
 - Celery tasks and workers come from Redis, where every worker counts them
   (``controlpanel.task_stats``); embedded, from the worker thread in this process.
-- The rest is read from the database at scrape time: three queries, whatever the fleet's size.
+- The rest is read from the database at scrape time: three queries, whatever the fleet's size,
+  and the deployments' scaling families (``api.metrics_scaling``): about ten more.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from rest_framework import exceptions
 
 from api import auth
 from api.metrics_middleware import LATENCY, REQUESTS
+from api.metrics_scaling import scaling_families
 from benchmarks.models import BenchmarkRun
 from benchmarks.services.runs import ACTIVE as RUN_ACTIVE
 from changes.choices import LOCK_STATES
@@ -135,6 +137,14 @@ class PanelCollector:
         except redis.RedisError as exc:
             # The rest of the scrape still stands; the Celery families are simply absent.
             log.warning("/metrics: Celery numbers unavailable: %s", exc)
+        try:
+            families = scaling_families()
+        except Exception:  # noqa: BLE001 - the rest of the scrape must still stand
+            # A bug or a bad row in the scaling state must not take the panel's own numbers
+            # (and Prometheus' view of the panel) down with it; the families are absent.
+            log.exception("/metrics: deployment scaling families unavailable")
+            families = []
+        yield from families
 
     def _work(self):
         runs = BenchmarkRun.objects.filter(status__in=RUN_ACTIVE).count()
