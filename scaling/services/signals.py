@@ -68,7 +68,12 @@ def poll_signals() -> int:
     if not deployments:
         return 0
     scraped = _scrape_all(deployments)
-    answered = [(d, t, snap) for d, (t, snap, _) in zip(deployments, scraped, strict=True) if snap]
+    # Times as the database keeps them (microseconds), so cached rows compare equal.
+    answered = [
+        (d, datetime.fromtimestamp(t, UTC).timestamp(), snap)
+        for d, (t, snap, _) in zip(deployments, scraped, strict=True)
+        if snap
+    ]
     for d, (_, _, (kind, message)) in zip(deployments, scraped, strict=True):
         _note_state(d, kind, message)
     if not answered:
@@ -77,7 +82,9 @@ def poll_signals() -> int:
     history = _history([d.pk for d, _, _ in answered])
     samples = []
     for d, t, snap in answered:
-        computed = planning.compute([*history.get(d.pk, []), (t, snap)])
+        # Another worker's clock may run ahead: only what came before this scrape counts.
+        before = [item for item in history.get(d.pk, []) if item[0] < t]
+        computed = planning.compute([*before, (t, snap)])
         samples.append(
             EngineSample(
                 deployment=d,
@@ -149,18 +156,21 @@ def _history(deployment_ids: list[int]) -> dict[int, list[tuple[float, dict]]]:
     only those it has not seen (in one more query)."""
     since = timezone.now() - timedelta(seconds=HISTORY_S)
     window = EngineSample.objects.filter(deployment_id__in=deployment_ids, time__gte=since)
-    rows = list(window.order_by().values_list("pk", "time"))
-    unseen = [t for pk, t in rows if pk not in _snapshots]
+    rows = [
+        (pk, dep, t.timestamp())
+        for pk, dep, t in window.order_by().values_list("pk", "deployment_id", "time")
+    ]
+    # A cached entry counts only for the very row it was read from: SQLite hands a deleted
+    # row's id to the next one once the table has emptied.
+    unseen = [t for pk, dep, t in rows if _snapshots.get(pk, (None, None))[:2] != (dep, t)]
     if unseen:
         # From the oldest unseen row on: no long IN list, and usually just the newest rows.
-        fresh = window.filter(time__gte=min(unseen)).order_by()
+        fresh = window.filter(time__gte=datetime.fromtimestamp(min(unseen), UTC)).order_by()
         for pk, dep, t, snap in fresh.values_list("pk", "deployment_id", "time", "snapshot"):
             _snapshots[pk] = (dep, t.timestamp(), snap)
-    wanted = set(deployment_ids)
-    in_window = {pk for pk, _ in rows}
-    for pk in [pk for pk, (dep, _, _) in _snapshots.items() if dep in wanted]:
-        if pk not in in_window:
-            del _snapshots[pk]
+    in_window = {pk for pk, _, _ in rows}
+    for pk in [pk for pk in _snapshots if pk not in in_window]:
+        del _snapshots[pk]
     history: dict[int, list[tuple[float, dict]]] = {}
     for pk in in_window:
         dep, t, snap = _snapshots[pk]
