@@ -1,4 +1,5 @@
-"""Live events of one host: telemetry, its status, deployments, operations and checks."""
+"""Live events of one host: telemetry, its status, deployments (and their scaling signals),
+operations and checks."""
 
 from controlpanel.consumers import ObjectConsumer
 from hosts.models import Host
@@ -22,4 +23,8 @@ class HostConsumer(ObjectConsumer):
         await self.forward(message)
 
     async def operation_updated(self, message):
+        await self.forward(message)
+
+    async def deployment_signals(self, message):
+        # The scaling poller's live signals of a deployment on this host (scaling page charts).
         await self.forward(message)

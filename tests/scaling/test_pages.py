@@ -282,3 +282,39 @@ def test_signals_json_serves_the_chart_columns_since(client, viewer):
     assert client.get(url, {"since": "yesterday"}).status_code == 400
     client.logout()
     assert client.get(url).status_code == 302
+
+
+# --- live: the host's socket carries the signals the page draws -------------------------------
+@pytest.mark.django_db(transaction=True)
+def test_deployment_signals_reach_the_hosts_socket(viewer):
+    """The poller publishes ``deployment.signals`` on the host's group; the host consumer
+    forwards it (the scaling page listens on that socket) instead of failing on an event it
+    has no handler for."""
+    import asyncio
+
+    from channels.routing import URLRouter
+    from channels.testing import WebsocketCommunicator
+
+    from controlpanel.realtime import group_name, publish
+    from home.routing import websocket_urlpatterns
+
+    deployment = running()
+    event = {"id": deployment.pk, "t": 1_700_000_000_000, "signals": signals()}
+
+    async def scenario():
+        comm = WebsocketCommunicator(
+            URLRouter(websocket_urlpatterns), f"/ws/hosts/{deployment.host_id}/"
+        )
+        comm.scope["user"] = viewer
+        connected, _ = await comm.connect()
+        assert connected
+        await asyncio.get_running_loop().run_in_executor(
+            None, publish, group_name("host", deployment.host_id), "deployment.signals", event
+        )
+        message = await comm.receive_json_from(timeout=5)
+        assert message["event"] == "deployment.signals"
+        assert message["data"]["id"] == deployment.pk
+        assert message["data"]["signals"]["requests_waiting"] == 3.0
+        await comm.disconnect()
+
+    asyncio.run(scenario())
