@@ -12,6 +12,7 @@ NAVIGATION = (
     ("Benchmarks", "benchmarks:list", "benchmarks.view_benchmarkrun"),
     ("Changes", "changes:list", "changes.view_changerequest"),
     ("Sweeps", "changes:sweeps", "changes.view_sweep"),
+    ("Scaling", "scaling:fleet", "hosts.view_deployment"),
     ("Cost", "cost", "benchmarks.view_benchmarkrun"),
     ("Audit log", "audit", "controlpanel.view_auditentry"),
 )

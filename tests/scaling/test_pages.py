@@ -159,6 +159,15 @@ def test_a_user_without_a_role_is_refused(client, nobody):
     assert client.get(reverse("scaling:fleet")).status_code == 403
 
 
+def test_navigation_and_the_host_page_lead_to_scaling(client, viewer):
+    deployment = running()
+    client.force_login(viewer)
+    html = client.get(reverse("hosts:detail", args=[deployment.host_id])).content.decode()
+    assert reverse("scaling:deployment", args=[deployment.pk]) in html
+    nav = client.get(reverse("scaling:fleet")).context["nav"]
+    assert {"label": "Scaling", "url": reverse("scaling:fleet"), "active": True} in nav
+
+
 # --- the policy form ----------------------------------------------------------------------------
 POLICY = {
     "slo_ttft_p95_ms": "800",
