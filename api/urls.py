@@ -10,7 +10,7 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from api import pages
-from api.views import account, advisor, changes, fleet, quality, runs, sweeps
+from api.views import account, advisor, changes, fleet, quality, runs, scaling, sweeps
 
 app_name = "api"
 
@@ -24,6 +24,7 @@ v1 = [
     *advisor.urlpatterns,
     *sweeps.urlpatterns,
     *quality.urlpatterns,
+    *scaling.urlpatterns,
     # Last: whatever else is asked under /api/v1/ is a problem-details 404.
     re_path(r"^.*$", account.NotFoundView.as_view(), name="not-found"),
 ]
