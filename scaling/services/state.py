@@ -372,7 +372,9 @@ def _evidence(rows: list[Deployment], policies) -> dict[int, tuple[int | None, s
 
 def _trials(dep_ids, running, models) -> dict[int, list[SweepTrial]]:
     """Measured sweep trials on each deployment (its lane's, else the sweep's) whose settings
-    are the running ones."""
+    are the running ones. The sweep's own SLO is not required to equal the policy's: the
+    trial's numbers at its max load are judged against the policy's SLO like any level (a
+    looser sweep's limit then counts as a breaking level, not as capacity)."""
     found = (
         SweepTrial.objects.filter(
             Q(lane__deployment_id__in=dep_ids)
