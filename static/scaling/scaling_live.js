@@ -96,6 +96,7 @@
     root.addEventListener("live:deployment.signals", function (event) {
       const data = event.detail;
       if (!data || data.id !== id) return;
+      root.dataset.liveEvents = String(Number(root.dataset.liveEvents || 0) + 1);
       extend([data.t], function (meta) { return resolve(data.signals, meta); });
       showNow(data.signals);
     });
