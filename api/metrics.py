@@ -46,8 +46,8 @@ from api.metrics_middleware import LATENCY, REQUESTS
 from api.metrics_scaling import scaling_families
 from benchmarks.models import BenchmarkRun
 from benchmarks.services.runs import ACTIVE as RUN_ACTIVE
-from changes.choices import LOCK_STATES
-from changes.models import ChangeRequest
+from changes.choices import LOCK_STATES, SweepState
+from changes.models import ChangeRequest, Sweep
 from controlpanel import task_stats
 from controlpanel.celery import app as celery_app
 from controlpanel.realtime_stats import WEBSOCKETS
@@ -157,10 +157,11 @@ class PanelCollector:
             "Changes being applied or verified (holding their deployment's lock).",
             value=changes,
         )
-        # Tuning sweeps do not exist yet: the family is here so dashboards need no change
-        # when they come.
+        sweeps = Sweep.objects.filter(state__in=(SweepState.PREDICTING, SweepState.RUNNING)).count()
         yield GaugeMetricFamily(
-            "llmpanel_sweeps_active", "Tuning sweeps in progress (none exist yet).", value=0
+            "llmpanel_sweeps_active",
+            "Tuning sweeps predicting or running trials.",
+            value=sweeps,
         )
 
     def _poll_lag(self):

@@ -23,15 +23,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api import auth
 from api.models import TOKEN_PREFIX
-from changes.choices import ChangeState
-from changes.models import ChangeRequest
+from changes.choices import ChangeState, SweepState
+from changes.models import ChangeRequest, Sweep
 from controlpanel import env, task_stats
 from controlpanel import settings as settings_module
 from controlpanel.celery import app as celery_app
 from controlpanel.embedded import EmbeddedRuntime
 from tests.api.conftest import bearer
 from tests.conftest import free_port
-from tests.factories import make_deployment, make_gpu, make_host, make_run
+from tests.factories import make_deployment, make_gpu, make_host, make_profile, make_run
 from tests.integration.processes import ROOT
 
 
@@ -248,7 +248,7 @@ def test_a_scrape_is_a_handful_of_queries_whatever_the_fleet(scraper):
     for _ in range(5):
         make_gpu(make_host(), last_sample_at=timezone.now())
     assert queries() == few
-    assert few <= 7
+    assert few <= 8  # runs, changes, sweeps, poll lag, deployments (scaling), the token
 
 
 def test_active_runs_and_changes_are_counted(scrape):
@@ -260,9 +260,21 @@ def test_active_runs_and_changes_are_counted(scrape):
         ChangeRequest.objects.create(
             deployment=make_deployment(), title="t", rationale="r", state=state
         )
+    for state in (SweepState.PREDICTING, SweepState.RUNNING, SweepState.DONE):
+        Sweep.objects.create(
+            deployment=make_deployment(),
+            title="t",
+            state=state,
+            load_profile=make_profile(),
+            space={"max_num_seqs": [32, 64]},
+            slo={"ttft_p95_ms": 500},
+            max_trials=1,
+            max_steps=1,
+        )
     fams = scrape()
     assert value(fams, "llmpanel_runs_active") == 2
     assert value(fams, "llmpanel_changes_active") == 2
+    assert value(fams, "llmpanel_sweeps_active") == 2
 
 
 # --- WebSockets -------------------------------------------------------------------------------
