@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from django.db.models import Q
 
-PANEL_APPS = ("controlpanel", "hosts", "benchmarks", "changes")
+PANEL_APPS = ("controlpanel", "hosts", "benchmarks", "changes", "scaling")
 
 
 @dataclass(frozen=True)
