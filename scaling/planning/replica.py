@@ -23,9 +23,9 @@ from hosts.simulator.predict import Workload, predict
 
 # Shares of the saturation throughput measured: dense near saturation, where p95 TTFT and the
 # queue turn sharply upwards, and three points above it for the page only.
-FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.65, 0.75, 0.85, 0.9, 0.95, 1.0)
+FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.65, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0)
 ABOVE = (1.1, 1.25, 1.5)
-REQUESTS = 300  # per rate: six requests above the p95 by nearest rank, ~0.1 s of CPU
+REQUESTS = 1000
 SATURATION_ROUNDS = 4  # a closed loop sends this many requests per batch slot
 
 
@@ -83,11 +83,16 @@ class ReplicaCurve:
         def mix(a: float, b: float) -> float:
             return a + (b - a) * w
 
+        def grow(a: float, b: float) -> float:
+            # Latency and queue rise geometrically towards saturation: a straight line
+            # between two measured rates would overstate everything below the upper one.
+            return a * (b / a) ** w if a > 0 and b > 0 else mix(a, b)
+
         return CurvePoint(
             rate,
             mix(lo.throughput, hi.throughput),
-            mix(lo.ttft_p95_ms, hi.ttft_p95_ms),
-            mix(lo.waiting, hi.waiting),
+            grow(lo.ttft_p95_ms, hi.ttft_p95_ms),
+            grow(lo.waiting, hi.waiting),
             mix(lo.busy, hi.busy),
             mix(lo.kv_usage, hi.kv_usage),
         )
