@@ -29,6 +29,13 @@ _READ = frozenset((*GAUGES, *COUNTERS, *HISTOGRAMS))
 _HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum", "_created")
 
 
+def _replica_rank(labels: dict) -> bool:
+    """Whether a sample comes from an SGLang scheduler of tensor- or pipeline-parallel rank
+    above 0: every rank observes the same requests (``queue_time_seconds`` once per rank),
+    so only rank 0's count; data-parallel ranks serve different requests and are summed."""
+    return labels.get("tp_rank", "0") != "0" or labels.get("pp_rank", "0") != "0"
+
+
 def _find(name: str):
     """``(metric, rank)`` for a family we read, or None. A histogram exposed without a
     ``# TYPE`` line arrives as untyped families named ``…_bucket`` / ``…_count`` / ``…_sum``."""
@@ -97,18 +104,17 @@ def parse_snapshot(text: str) -> dict:
         if found is None:
             continue
         metric, rank = found
+        samples = [s for s in family.samples if not _replica_rank(s.labels)]
         if metric.kind == "gauge":
-            gauges.setdefault(metric.key, {}).setdefault(rank, []).extend(
-                s.value for s in family.samples
-            )
+            gauges.setdefault(metric.key, {}).setdefault(rank, []).extend(s.value for s in samples)
         elif metric.kind == "counter":
             # Typed counters carry ``_total`` and ``_created`` samples; only the first counts.
-            total = sum(s.value for s in family.samples if not s.name.endswith("_created"))
+            total = sum(s.value for s in samples if not s.name.endswith("_created"))
             by_rank = counters.setdefault(metric.key, {})
             by_rank[rank] = by_rank.get(rank, 0.0) + total
         else:
             hist = histograms.setdefault(metric.key, {}).setdefault(rank, _Histogram())
-            for sample in family.samples:
+            for sample in samples:
                 hist.add(sample)
     out_gauges = {}
     for key, by_rank in gauges.items():

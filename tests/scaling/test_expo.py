@@ -105,6 +105,24 @@ def test_label_sets_are_summed_and_a_ratio_averaged():
     assert doubled["gauges"]["kv_cache_usage"] == pytest.approx(0.25)  # mean of 0 and 0.5
 
 
+def test_sglang_tensor_parallel_ranks_count_once():
+    rank0 = 'engine_type="unified",model_name="Q",pp_rank="0",tp_rank="0"'
+    rank1 = rank0.replace('tp_rank="0"', 'tp_rank="1"')
+    lines = ["# TYPE sglang:queue_time_seconds histogram"]
+    for labels in (rank0, rank1):
+        lines += [
+            f'sglang:queue_time_seconds_bucket{{{labels},le="1.0"}} 2',
+            f'sglang:queue_time_seconds_bucket{{{labels},le="+Inf"}} 3',
+            f"sglang:queue_time_seconds_count{{{labels}}} 3",
+            f"sglang:queue_time_seconds_sum{{{labels}}} 1.5",
+        ]
+    lines += ["# TYPE sglang:num_queue_reqs gauge", f"sglang:num_queue_reqs{{{rank0}}} 4"]
+    lines += [f"sglang:num_queue_reqs{{{rank1}}} 4"]
+    snap = parse_snapshot("\n".join(lines) + "\n")
+    assert snap["histograms"]["queue"] == {"le": [1.0], "counts": [2.0], "count": 3.0, "sum": 1.5}
+    assert snap["gauges"]["waiting"] == 4
+
+
 def test_newest_name_wins_whatever_the_order():
     text = """# TYPE vllm:gpu_cache_usage_perc gauge
 vllm:gpu_cache_usage_perc 0.9
