@@ -202,16 +202,18 @@ def latest_signals(
     deployment_ids, max_age_s: float | None = None
 ) -> dict[int, tuple[datetime, Signals]]:
     """The newest signals of each deployment that has a sample (younger than ``max_age_s``
-    when given), in one query."""
-    newest = EngineSample.objects.filter(deployment_id=OuterRef("deployment_id")).order_by(
-        "-time", "-pk"
-    )
-    rows = EngineSample.objects.filter(
-        deployment_id__in=list(deployment_ids), pk=Subquery(newest.values("pk")[:1])
-    )
+    when given), in one query: the newest sample's pk is looked up once per deployment
+    (on the deployment-time index), not once per stored sample."""
+    newest = EngineSample.objects.filter(deployment_id=OuterRef("pk"))
     if max_age_s is not None:
-        rows = rows.filter(time__gte=timezone.now() - timedelta(seconds=max_age_s))
+        newest = newest.filter(time__gte=timezone.now() - timedelta(seconds=max_age_s))
+    newest_pks = (
+        Deployment.objects.filter(pk__in=list(deployment_ids))
+        .annotate(sample=Subquery(newest.order_by("-time", "-pk").values("pk")[:1]))
+        .values("sample")
+    )
+    rows = EngineSample.objects.filter(pk__in=newest_pks).order_by()
     return {
         dep: (t, Signals.from_dict(data))
-        for dep, t, data in rows.order_by().values_list("deployment_id", "time", "signals")
+        for dep, t, data in rows.values_list("deployment_id", "time", "signals")
     }
