@@ -92,7 +92,7 @@ class PolicyDay:
     policy: str
     label: str
     ready: list[float] = field(default_factory=list)  # replicas serving (fractions: part-way)
-    booting: list[int] = field(default_factory=list)
+    booting: list[float] = field(default_factory=list)  # the rest: held, not serving yet
     ttft_p95_ms: list[float | None] = field(default_factory=list)
     waiting: list[float] = field(default_factory=list)
     utilisation: list[float] = field(default_factory=list)
@@ -261,7 +261,8 @@ def run_policy(
             if recording:
                 total = len(replicas.ready_at)
                 day.ready.append(round(serving, 3))
-                day.booting.append(total - replicas.ready(t1))
+                # Ready + booting = every replica held (and paid for) in the minute.
+                day.booting.append(round(total - serving, 3))
                 day.ttft_p95_ms.append(None if ttft is None else round(ttft, 1))
                 day.waiting.append(round(waiting, 2))
                 day.utilisation.append(round(signals["utilisation"], 3))
@@ -307,7 +308,7 @@ def summarise(day: PolicyDay, curve: ReplicaCurve, params: DayParams) -> dict:
         "cost_per_million_tokens": (
             None if cost is None or out_tokens <= 0 else round(cost / out_tokens * 1e6, 4)
         ),
-        "peak_replicas": max(r + b for r, b in zip(day.ready, day.booting, strict=True)),
+        "peak_replicas": round(max(r + b for r, b in zip(day.ready, day.booting, strict=True))),
         "mean_replicas": round(day.replica_minutes / MINUTES, 2),
         "served_in_slo_share": day.served_in_slo / day.served if day.served else None,
         "final_backlog": round(day.backlog[-1], 1),

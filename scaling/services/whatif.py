@@ -250,6 +250,7 @@ def result_words(result: dict) -> dict:
         f"Against a p95 TTFT SLO of {slo:g} ms: " + "; ".join(parts) + f". {best['label']} "
         "did best (fewest minutes out of SLO, then fewest GPU-hours)."
     )
+    summary += _behaviour(result, best)
     price = params.get("price_per_gpu_hour")
     cost = (
         f"Priced at {price:.2f} {params['currency']} per GPU-hour ({result['price_source']})."
@@ -263,6 +264,32 @@ def result_words(result: dict) -> dict:
         "load above their saturation carried as a backlog."
     )
     return {"summary": summary, "cost": cost, "basis": basis}
+
+
+def _behaviour(result: dict, best: dict) -> str:
+    """Why the scaling policies did what they did, in the day's own numbers."""
+    policies, params = result["policies"], result["params"]
+    words = ""
+    util = policies.get("utilisation")
+    if util and util["utilisation"]:
+        target = params["target_utilisation"]
+        high = sum(1 for u in util["utilisation"] if u >= target) / len(util["utilisation"])
+        words += (
+            f" GPU utilisation read at or above its {target:.0%} target in {high:.0%} of the "
+            f"day's minutes, so the HPA held {util['summary']['mean_replicas']:g} replicas on "
+            f"average (against {best['mean_replicas']:g} for {best['label']})."
+        )
+    queue = policies.get("queue")
+    if queue:
+        totals = [r + b for r, b in zip(queue["ready"], queue["booting"], strict=True)]
+        downs = sum(1 for a, b in zip(totals, totals[1:], strict=False) if b < a)
+        if downs:
+            words += (
+                f" Queue depth alone scaled down {downs} times: below saturation a replica "
+                "queues almost nothing, so the group shrinks until a queue (and the SLO miss) "
+                "appears."
+            )
+    return words
 
 
 # --- the page's charts ---------------------------------------------------------------------------

@@ -166,6 +166,7 @@ def test_a_replica_serves_only_after_the_start_up_delay():
     assert day.ready[601] == day.ready[602] == 1.0  # booting: GPU time, no service
     assert day.booting[602] == asked
     assert day.ready[603] == pytest.approx(1 + asked / 2)
+    assert day.booting[603] == pytest.approx(asked / 2)  # held the whole minute, paid for
     assert day.ready[604] == 1 + asked
 
 
@@ -212,6 +213,10 @@ def test_default_day_on_the_demo_config(llama_curve):
     assert s["utilisation"]["gpu_hours"] > 1.5 * s["tokens"]["gpu_hours"]
     assert s["utilisation"]["mean_replicas"] > 0.75 * 8
     assert s["fixed"]["gpu_hours"] > s["tokens"]["gpu_hours"]
+    queue = result["policies"]["queue"]
+    totals = [r + b for r, b in zip(queue["ready"], queue["booting"], strict=True)]
+    downs = sum(1 for a, b in zip(totals, totals[1:], strict=False) if b < a)
+    assert downs > 20  # it flaps: shrinks whenever no queue shows, grows back on the miss
 
 
 # --- the service and the task --------------------------------------------------------------------
