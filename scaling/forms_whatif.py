@@ -36,6 +36,13 @@ class WhatIfForm(forms.Form):
         max_value=100,
         help_text="The HPA's GPU-utilisation target.",
     )
+    target_utilisation_high = forms.FloatField(
+        label="Second utilisation target (%)",
+        min_value=1,
+        max_value=100,
+        help_text="The same HPA rule at the high target teams move to when the first holds "
+        "too many replicas; shown beside it.",
+    )
     start_delay_s = forms.FloatField(
         label="Start-up delay (s)",
         required=False,

@@ -32,7 +32,7 @@ from benchmarks.loadgen.profile import BUILTINS  # noqa: E402
 from benchmarks.sweep.load import sweep_workload  # noqa: E402
 from hosts.demo import FLEET  # noqa: E402
 from scaling.planning.replica import calibrate  # noqa: E402
-from scaling.planning.whatif import LABELS, DayParams, run_day  # noqa: E402
+from scaling.planning.whatif import POLICIES, DayParams, run_day  # noqa: E402
 from scaling.services.whatif import DEFAULT_PEAK_RPS, DEFAULT_SHAPE  # noqa: E402
 
 
@@ -72,7 +72,8 @@ def main() -> int:
         print(
             f"\n{host.deployment} ({host.engine}, {host.model}, {host.gpus}× {host.gpu_key}, "
             f"config v{len(host.versions)}): {total:.2f} s "
-            f"(calibration {calibrated - started:.2f} s, 4 policies {done - calibrated:.2f} s)"
+            f"(calibration {calibrated - started:.2f} s, {len(POLICIES)} policies "
+            f"{done - calibrated:.2f} s)"
         )
         print(
             f"  replica: saturation {curve.max_rps:.2f} req/s, "
@@ -81,16 +82,18 @@ def main() -> int:
         )
         print(
             f"  {'policy':<48} {'min out':>7} {'worst p95':>10} {'GPU-h':>7} "
-            f"{'cost/day':>9} {'$/1M tok':>8} {'peak':>4} {'mean':>5} {'in SLO':>6}"
+            f"{'cost/day':>9} {'$/1M tok':>8} {'peak':>4} {'mean':>5} {'in SLO':>6} "
+            f"{'timed out':>9}"
         )
-        for key, day in result["policies"].items():
+        for day in result["policies"].values():
             s = day["summary"]
             worst_p95 = f"{s['worst_ttft_p95_ms']:.0f} ms" if s["worst_ttft_p95_ms"] else "-"
             print(
-                f"  {LABELS[key]:<48} {s['minutes_out_of_slo']:>7} {worst_p95:>10} "
+                f"  {day['label']:<48} {s['minutes_out_of_slo']:>7} {worst_p95:>10} "
                 f"{s['gpu_hours']:>7.1f} {s['cost_per_day']:>9.2f} "
                 f"{s['cost_per_million_tokens']:>8.3f} {s['peak_replicas']:>4.0f} "
-                f"{s['mean_replicas']:>5.2f} {s['served_in_slo_share']:>6.1%}"
+                f"{s['mean_replicas']:>5.2f} {s['served_in_slo_share']:>6.1%} "
+                f"{s['timed_out']:>9,}"
             )
     print(f"\nslowest what-if: {worst:.2f} s (target: under 20 s)")
     return 0 if worst < 20 else 1

@@ -9,6 +9,10 @@ The replica model is ``replica.ReplicaCurve``, measured by the simulator. Each m
 - each replica sees the per-replica rate it served; the curve at that rate gives p95 TTFT,
   the requests waiting, GPU utilisation and KV use; a backlog adds its drain time
   (backlog ÷ (replicas × saturation throughput)) to p95 TTFT and its requests to the queue;
+- a request that would wait longer than ``timeout_s`` (the load generator's default
+  request timeout, 600 s) is given up by its client: it leaves the backlog as timed out,
+  counted against the policy, so a scaler that never catches up shows as failed requests
+  and a p95 near the timeout, not as a queue of days;
 - pending prompt tokens are the requests waiting × the mean prompt length;
 - at every polling interval the policy reads those signals and sets the replicas it wants;
   new replicas cost GPU time from the request on and serve ``start_delay_s`` later; a
@@ -22,6 +26,11 @@ The policies:
   idle when scaling up), so it grows by at most ``1 / target`` per start-up delay. Utilisation
   is the share of time the engine steps, which is near 100 % from light loads on: it cannot
   tell 1.1× from 3× overload, and it stays high at moderate loads.
+- ``utilisation_high``: the same rule at a high target (95 % by default), where teams move
+  it to stop the first from holding its maximum. Utilisation cannot read above 100 %, so at
+  a target above 1 / 1.1 ≈ 91 % the ratio never leaves the HPA's tolerance upwards: it can
+  scale down (quiet hours) but never up again. Shown beside the first, the two make the
+  dilemma visible: a low target pays for idle replicas, a high one misses the SLO.
 - ``queue``: KEDA's AverageValue on requests waiting alone, ``ceil(total waiting /
   threshold)``, the threshold being the queue depth at which p95 TTFT crosses the SLO on the
   replica curve (planned at ``target``: ``scaling.planning.policy.thresholds``, the rule the
@@ -48,15 +57,41 @@ from scaling.planning.replica import ReplicaCurve
 from scaling.planning.types import SLO, Capacity, PolicyConfig, Thresholds
 
 MINUTES = 24 * 60
-POLICIES = ("fixed", "utilisation", "queue", "tokens")
+POLICIES = ("fixed", "utilisation", "utilisation_high", "queue", "tokens")
 LABELS = {
     "fixed": "Fixed N",
     "utilisation": "GPU utilisation (HPA)",
+    "utilisation_high": "GPU utilisation (HPA), high target",
     "queue": "Queue depth (KEDA)",
     "tokens": "Pending tokens + p95 TTFT (panel's KEDA export)",
 }
 HPA_TOLERANCE = 0.1  # Kubernetes' default: no change while the ratio is within ±10 %
 MAX_RATE = 10_000.0  # requests/s, the form's bound too
+
+
+UTILISATION = ("utilisation", "utilisation_high")
+
+
+def utilisation_target(policy: str, params: DayParams) -> float:
+    """The HPA target of one of the two utilisation policies."""
+    return (
+        params.target_utilisation_high
+        if policy == "utilisation_high"
+        else params.target_utilisation
+    )
+
+
+def policy_label(policy: str, params: DayParams) -> str:
+    """The policy's name as the page shows it (the utilisation ones with their target)."""
+    if policy in UTILISATION:
+        return f"GPU utilisation (HPA, target {utilisation_target(policy, params):.0%})"
+    return LABELS[policy]
+
+
+def never_scales_up(target: float) -> bool:
+    """Whether the HPA at this utilisation target can never scale up: even 100 % is within
+    its tolerance of the target."""
+    return 1.0 / target - 1.0 <= HPA_TOLERANCE
 
 
 class PlanError(ValueError):
@@ -75,8 +110,10 @@ class DayParams:
     fixed_replicas: int | None = None
     start_delay_s: float = 120.0
     target_utilisation: float = 0.7
+    target_utilisation_high: float = 0.95
     stabilisation_s: float = 300.0
     polling_interval_s: float = 15.0
+    timeout_s: float = 600.0
     target: float = 0.8  # share of a replica's measured limits the scaler thresholds plan for
     price_per_gpu_hour: float | None = None
     currency: str = "USD"
@@ -100,6 +137,7 @@ class PolicyDay:
     out_of_slo: list[int] = field(default_factory=list)  # 1: the minute's p95 broke the SLO
     arrived: float = 0.0
     served: float = 0.0
+    timed_out: float = 0.0
     served_in_slo: float = 0.0
     initial_backlog: float = 0.0
     replica_minutes: float = 0.0
@@ -183,14 +221,15 @@ class _Replicas:
 def _desired(policy: str, signals: dict, replicas: _Replicas, params, limits, now) -> int | None:
     """What ``policy`` asks for after one minute with ``signals``; None: no change."""
     current = len(replicas.ready_at)
-    if policy == "utilisation":
+    if policy in UTILISATION:
         ready = replicas.ready(now)
         if ready == 0:
             return None  # no pod reports a utilisation: the HPA holds
-        ratio = ready * signals["utilisation"] / params.target_utilisation / current
+        target = utilisation_target(policy, params)
+        ratio = ready * signals["utilisation"] / target / current
         if abs(ratio - 1) <= HPA_TOLERANCE:
             return None
-        return math.ceil(ready * signals["utilisation"] / params.target_utilisation)
+        return math.ceil(ready * signals["utilisation"] / target)
     if limits.requests_waiting is None:
         return None  # no queue depth meets the SLO: nothing to scale by
     wants = [math.ceil(signals["waiting"] / limits.requests_waiting - 1e-9)]
@@ -213,12 +252,12 @@ def run_policy(
     fixed_replicas: int = 1,
 ) -> PolicyDay:
     """One policy through the day (``rates``: requests/s per minute)."""
-    day = PolicyDay(policy=policy, label=LABELS[policy])
+    day = PolicyDay(policy=policy, label=policy_label(policy, params))
     limits = scaler_thresholds(curve, params)
     if policy in ("queue", "tokens"):
         day.thresholds = limits.as_dict()
     lowest = params.min_replicas
-    if policy == "utilisation" and lowest < 1:
+    if policy in UTILISATION and lowest < 1:
         lowest = 1  # the HPA does not scale from zero: nothing reports a utilisation there
         day.note = "the HPA cannot scale from zero: its minimum is 1"
     start = fixed_replicas if policy == "fixed" else max(lowest, 1)
@@ -240,12 +279,18 @@ def run_policy(
             demand = backlog + arrived
             served = min(demand, serving * mu * 60)
             before, backlog = backlog, demand - served
+            # Clients give up after timeout_s: at most what the replicas could drain (or,
+            # with none serving, what arrived) within that long is still waiting.
+            keep = (serving * mu if serving > 0 else rate) * params.timeout_s
+            gave_up = max(0.0, backlog - keep)
+            backlog -= gave_up
             per_replica = served / 60 / serving if serving > 0 else 0.0
             point = curve.at(per_replica)
             if demand <= 0:
                 ttft = None
             elif serving > 0:
-                wait_s = max(before, backlog) / (serving * mu)
+                # A served request waited at most the timeout; the rest gave up.
+                wait_s = min(max(before, backlog) / (serving * mu), params.timeout_s)
                 ttft = point.ttft_p95_ms + wait_s * 1000
             else:
                 ttft = None  # nothing serves: every request waits for a replica
@@ -270,6 +315,7 @@ def run_policy(
                 day.out_of_slo.append(0 if in_slo else 1)
                 day.arrived += arrived
                 day.served += served
+                day.timed_out += gave_up
                 day.served_in_slo += served if in_slo else 0.0
                 day.replica_minutes += total
             if policy == "fixed" or (minute + 1) % every:
@@ -310,7 +356,9 @@ def summarise(day: PolicyDay, curve: ReplicaCurve, params: DayParams) -> dict:
         ),
         "peak_replicas": round(max(r + b for r, b in zip(day.ready, day.booting, strict=True))),
         "mean_replicas": round(day.replica_minutes / MINUTES, 2),
-        "served_in_slo_share": day.served_in_slo / day.served if day.served else None,
+        # Timed-out requests count as misses: the share is of every request that arrived.
+        "served_in_slo_share": day.served_in_slo / day.arrived if day.arrived else None,
+        "timed_out": round(day.timed_out),
         "final_backlog": round(day.backlog[-1], 1),
     }
 

@@ -20,7 +20,16 @@ from controlpanel.services import audit
 from hosts.models import Deployment
 from scaling.models import ScalingPolicy, WhatIfPlan
 from scaling.planning.replica import calibrate
-from scaling.planning.whatif import LABELS, POLICIES, DayParams, PlanError, check_day, run_day
+from scaling.planning.whatif import (
+    HPA_TOLERANCE,
+    LABELS,
+    POLICIES,
+    DayParams,
+    PlanError,
+    check_day,
+    never_scales_up,
+    run_day,
+)
 from scaling.services.startup import engine_start_seconds
 
 TASK = "scaling.tasks.run_what_if"
@@ -59,6 +68,7 @@ def form_initial(deployment: Deployment) -> dict:
         "min_replicas": 1,
         "max_replicas": 8,
         "target_utilisation": 70,
+        "target_utilisation_high": 95,
         "stabilisation_s": 300,
         "polling_interval_s": 15,
     }
@@ -102,6 +112,7 @@ def create_plan(deployment: Deployment, user, data: dict) -> WhatIfPlan:
         "max_replicas": int(high),
         "fixed_replicas": fixed,
         "target_utilisation": float(data.get("target_utilisation") or 70) / 100,
+        "target_utilisation_high": float(data.get("target_utilisation_high") or 95) / 100,
         "stabilisation_s": float(data.get("stabilisation_s") or 0),
         "polling_interval_s": float(data.get("polling_interval_s") or 15),
         "start_delay_s": data.get("start_delay_s"),
@@ -181,6 +192,7 @@ def execute_plan(plan: WhatIfPlan) -> WhatIfPlan:
         fixed_replicas=p.get("fixed_replicas"),
         start_delay_s=delay,
         target_utilisation=p["target_utilisation"],
+        target_utilisation_high=p.get("target_utilisation_high", 0.95),
         stabilisation_s=p["stabilisation_s"],
         polling_interval_s=p["polling_interval_s"],
         target=p.get("target") or 0.8,
@@ -228,7 +240,7 @@ def rows(result: dict) -> list[dict]:
     for key in POLICIES:
         day = (result.get("policies") or {}).get(key)
         if day:
-            out.append({"key": key, "label": LABELS[key], **day["summary"]})
+            out.append({"key": key, "label": day.get("label") or LABELS[key], **day["summary"]})
     return out
 
 
@@ -261,7 +273,8 @@ def result_words(result: dict) -> dict:
         f"{curve['basis']} ({result['config']}, request sizes of {result['profile']}); "
         f"start-up delay {params['start_delay_s']:.0f} s, {result['start_delay_basis']}; "
         "the day at one-minute steps, each minute's load spread over the replicas ready in it, "
-        "load above their saturation carried as a backlog."
+        "load above their saturation carried as a backlog, requests waiting past "
+        f"{params.get('timeout_s', 600):.0f} s given up as timed out."
     )
     return {"summary": summary, "cost": cost, "basis": basis}
 
@@ -270,13 +283,27 @@ def _behaviour(result: dict, best: dict) -> str:
     """Why the scaling policies did what they did, in the day's own numbers."""
     policies, params = result["policies"], result["params"]
     words = ""
-    util = policies.get("utilisation")
-    if util and util["utilisation"]:
-        target = params["target_utilisation"]
+    for key, target_key in (
+        ("utilisation", "target_utilisation"),
+        ("utilisation_high", "target_utilisation_high"),
+    ):
+        util = policies.get(key)
+        if not util or not util["utilisation"] or target_key not in params:
+            continue
+        target = params[target_key]
+        summary = util["summary"]
+        if never_scales_up(target):
+            words += (
+                f" At a {target:.0%} target the HPA never scales up (utilisation cannot read "
+                f"above 100 %, within its {HPA_TOLERANCE:.0%} tolerance of the target): it "
+                f"shrank in quiet hours and missed the SLO for {summary['minutes_out_of_slo']} "
+                "minutes."
+            )
+            continue
         high = sum(1 for u in util["utilisation"] if u >= target) / len(util["utilisation"])
         words += (
             f" GPU utilisation read at or above its {target:.0%} target in {high:.0%} of the "
-            f"day's minutes, so the HPA held {util['summary']['mean_replicas']:g} replicas on "
+            f"day's minutes, so the HPA held {summary['mean_replicas']:g} replicas on "
             f"average (against {best['mean_replicas']:g} for {best['label']})."
         )
     queue = policies.get("queue")
@@ -293,7 +320,13 @@ def _behaviour(result: dict, best: dict) -> str:
 
 
 # --- the page's charts ---------------------------------------------------------------------------
-COLOURS = {"fixed": "#7f7f7f", "utilisation": "#d62728", "queue": "#ff7f0e", "tokens": "#2ca02c"}
+COLOURS = {
+    "fixed": "#7f7f7f",
+    "utilisation": "#d62728",
+    "utilisation_high": "#9467bd",
+    "queue": "#ff7f0e",
+    "tokens": "#2ca02c",
+}
 LAYOUT = {
     "margin": {"l": 60, "r": 20, "t": 40, "b": 50},
     "height": 340,
@@ -323,7 +356,7 @@ def figures(result: dict) -> dict:
         day = policies.get(key)
         if not day:
             continue
-        colour, label = COLOURS[key], LABELS[key]
+        colour, label = COLOURS[key], day.get("label") or LABELS[key]
         total = [r + b for r, b in zip(day["ready"], day["booting"], strict=True)]
         replicas.append(
             {"type": "scatter", "mode": "lines", "name": f"{label}: ready", "x": x,

@@ -24,6 +24,7 @@ from scaling.planning.whatif import (
     PlanError,
     check_day,
     minute_rates,
+    never_scales_up,
     run_day,
     run_policy,
     summarise,
@@ -134,16 +135,18 @@ def test_bad_days_are_refused(hourly, words):
         check_day(hourly)
 
 
-@pytest.mark.parametrize("policy", ["fixed", "utilisation", "queue", "tokens"])
+@pytest.mark.parametrize("policy", ["fixed", "utilisation", "utilisation_high", "queue", "tokens"])
 def test_backlog_is_conserved(policy):
-    """Arrivals plus the backlog carried into the day = served + the backlog left at its end,
-    under overload too (the peak is 5 replicas' worth and the maximum is 3)."""
+    """Arrivals plus the backlog carried into the day = served + timed out + the backlog left
+    at its end, under overload too (the peak is 5 replicas' worth and the maximum is 3)."""
     curve = toy_curve()
     hourly = [5.0] * 8 + [50.0] * 4 + [5.0] * 12
     params = DayParams(max_replicas=3, start_delay_s=120)
     day = run_policy(policy, minute_rates(hourly), curve, params, fixed_replicas=2)
     assert day.arrived == pytest.approx(sum(minute_rates(hourly)) * 60)
-    assert day.arrived + day.initial_backlog == pytest.approx(day.served + day.backlog[-1])
+    assert day.arrived + day.initial_backlog == pytest.approx(
+        day.served + day.timed_out + day.backlog[-1]
+    )
     assert max(day.backlog) > 0  # the overload did build one
 
 
@@ -184,6 +187,35 @@ def test_utilisation_scaling_grows_by_its_target_per_start_up():
     assert queue.booting[601] + queue.ready[601] == 10  # the queue asks for all at once
 
 
+def test_a_high_utilisation_target_never_scales_up():
+    """Utilisation cannot read above 100 %: at a 95 % target the ratio stays within the HPA's
+    10 % tolerance, so a morning rush finds the group where the night left it, while at 85 %
+    the same rule grows."""
+    assert never_scales_up(0.95) and never_scales_up(0.91) and not never_scales_up(0.85)
+    rates = [0.5] * 600 + [30.0] * (MINUTES - 600)
+    high = run_policy("utilisation_high", rates, toy_curve(), DayParams(max_replicas=8))
+    totals = [r + b for r, b in zip(high.ready, high.booting, strict=True)]
+    assert max(totals[600:]) == totals[599] == 1
+    assert sum(high.out_of_slo[600:]) > 600 and high.timed_out > 0
+    lower = DayParams(max_replicas=8, target_utilisation_high=0.85)
+    grows = run_policy("utilisation_high", rates, toy_curve(), lower)
+    assert max(r + b for r, b in zip(grows.ready, grows.booting, strict=True)) > 1
+    assert "target 95%" in high.label and "target 85%" in grows.label
+
+
+def test_clients_give_up_after_the_timeout():
+    """A backlog no policy drains is not a queue of days: requests waiting past the timeout
+    leave it as timed out, and the p95 stays near the timeout."""
+    rates = [30.0] * MINUTES  # three replicas' worth on one
+    params = DayParams(timeout_s=300)
+    day = run_policy("fixed", rates, toy_curve(), params, fixed_replicas=1)
+    assert day.timed_out > 0.5 * day.arrived
+    assert max(t for t in day.ttft_p95_ms if t is not None) <= 300_000 + 400 + 1
+    summary = summarise(day, toy_curve(), params)
+    assert summary["timed_out"] == round(day.timed_out)
+    assert summary["served_in_slo_share"] == pytest.approx(day.served_in_slo / day.arrived)
+
+
 def test_cost_arithmetic_with_and_without_a_price():
     curve = toy_curve(gpus=2)
     rates = [4.0] * MINUTES
@@ -217,6 +249,21 @@ def test_default_day_on_the_demo_config(llama_curve):
     totals = [r + b for r, b in zip(queue["ready"], queue["booting"], strict=True)]
     downs = sum(1 for a, b in zip(totals, totals[1:], strict=False) if b < a)
     assert downs > 20  # it flaps: shrinks whenever no queue shows, grows back on the miss
+    # Moved to a high target to stop holding the maximum, the utilisation HPA can no longer
+    # scale up at all: the SLO is missed where the panel's queue-and-arrivals export keeps it.
+    assert s["utilisation_high"]["minutes_out_of_slo"] > 60
+    assert s["tokens"]["minutes_out_of_slo"] == 0
+    shown = {
+        **result,
+        "params": DayParams(start_delay_s=120).as_dict(),
+        "curve": llama_curve.as_dict(),
+        "config": "config v3",
+        "profile": "Interactive chat v1",
+        "price_source": "",
+        "start_delay_basis": "as given",
+    }
+    words = services.result_words(shown)["summary"]
+    assert "never scales up" in words and "Queue depth alone scaled down" in words
 
 
 # --- the service and the task --------------------------------------------------------------------
@@ -227,6 +274,7 @@ FORM = {
     "max_replicas": 6,
     "fixed_replicas": None,
     "target_utilisation": 70.0,
+    "target_utilisation_high": 95.0,
     "start_delay_s": None,
     "stabilisation_s": 300,
     "polling_interval_s": 15,
@@ -276,7 +324,13 @@ def test_plan_runs_end_to_end_through_the_task(
     assert plan.status == "succeeded", plan.error
     assert plan.progress == 1.0 and plan.requested_by == operator
     result = plan.result
-    assert set(result["policies"]) == {"fixed", "utilisation", "queue", "tokens"}
+    assert set(result["policies"]) == {
+        "fixed",
+        "utilisation",
+        "utilisation_high",
+        "queue",
+        "tokens",
+    }
     for day in result["policies"].values():
         assert len(day["ready"]) == len(day["ttft_p95_ms"]) == MINUTES
     # The host's price over its 2 GPUs, for the 2 GPUs a replica uses.

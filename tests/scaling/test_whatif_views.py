@@ -59,6 +59,7 @@ def form_data(**kw) -> dict:
         "max_replicas": "8",
         "fixed_replicas": "",
         "target_utilisation": "70",
+        "target_utilisation_high": "95",
         "start_delay_s": "",
         "stabilisation_s": "300",
         "polling_interval_s": "15",
@@ -137,15 +138,28 @@ def test_form_is_prefilled_and_a_plan_is_queued(client, operator, deployment):
 
 
 # --- the plan's page -----------------------------------------------------------------------------
-def test_the_page_shows_four_policies_side_by_side_and_the_charts(client, viewer, deployment):
+def test_the_page_shows_the_policies_side_by_side_and_the_charts(client, viewer, deployment):
     plan = finished_plan(deployment)
     client.force_login(viewer)
     response = client.get(reverse("scaling:whatif", args=[plan.pk]))
     html = response.content.decode()
     rows = response.context["rows"]
-    assert [r["key"] for r in rows] == ["fixed", "utilisation", "queue", "tokens"]
-    for label in ("Fixed N", "GPU utilisation (HPA)", "Queue depth (KEDA)", "Pending tokens"):
+    assert [r["key"] for r in rows] == [
+        "fixed",
+        "utilisation",
+        "utilisation_high",
+        "queue",
+        "tokens",
+    ]
+    for label in (
+        "Fixed N",
+        "GPU utilisation (HPA, target 70%)",
+        "GPU utilisation (HPA, target 95%)",
+        "Queue depth (KEDA)",
+        "Pending tokens",
+    ):
         assert label in html
+    assert "never scales up" in html  # the high target's trap, said in words
     for chart in ("whatif-fig-traffic", "whatif-fig-replicas", "whatif-fig-ttft"):
         assert f'data-chart="{chart}"' in html and f'id="{chart}"' in html
     ttft = response.context["figures"]["ttft"]
