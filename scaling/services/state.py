@@ -31,13 +31,13 @@ from benchmarks.models import BenchmarkRun, RunPoint
 from changes.choices import TrialState
 from changes.models_sweeps import SweepTrial
 from controlpanel.choices import OperationStatus
-from hosts.choices import DeploymentStatus, OperationOutcome
-from hosts.models import Deployment, EngineConfig, EngineOperation
+from hosts.choices import DeploymentStatus
+from hosts.models import Deployment, EngineConfig
 from scaling.models import EngineSample
 from scaling.planning.capacity import capacity_at_slo
 from scaling.planning.policy import decide, raw_desired
 from scaling.planning.types import SLO, Capacity, Decision, LoadPoint, PolicyConfig, Signals
-from scaling.services.startup import GUESS_SECONDS, RECENT
+from scaling.services.startup import GUESS_SECONDS, engine_starts
 
 # Signals older than this are not the engine's present: the poller stopped or cannot reach it.
 STALE_S = 15.0
@@ -47,7 +47,6 @@ HISTORY_STEP_S = 15.0
 # cost a scrape their points).
 MAX_RUNS = 20
 # Engine starts read for the whole fleet at once (the newest first).
-MAX_STARTS = 2000
 
 
 @dataclass
@@ -134,7 +133,7 @@ def _states(deployments) -> list[ScalingState]:
     window = max(p.stabilisation_s for p, _ in policies.values()) + STALE_S
     newest, history = _samples(ids, now, window)
     points = _evidence(rows, policies)
-    starts = _starts(rows)
+    starts = engine_starts(rows)
     states = []
     for d in rows:
         config, slo = policies[d.pk]
@@ -511,48 +510,3 @@ def _trial_point(trial: SweepTrial, used_runs: set[int]) -> LoadPoint | None:
 
 
 # --- engine start ---------------------------------------------------------------------------------
-def _starts(rows: list[Deployment]) -> dict[int, tuple[float, str]]:
-    """``scaling.services.startup.engine_start_seconds`` for every deployment at once (one
-    query): the median of its own recent ready starts, else of its model's on its engine,
-    else the stated guess."""
-    own: dict[int, list[float]] = defaultdict(list)
-    by_model: dict[tuple[str, str], list[float]] = defaultdict(list)
-    found = (
-        EngineOperation.objects.filter(
-            deployment__model__in={d.model for d in rows},
-            outcome=OperationOutcome.READY,
-            started_at__isnull=False,
-            finished_at__isnull=False,
-        )
-        .order_by("-finished_at")
-        .values_list(
-            "deployment_id", "deployment__model", "deployment__engine", "started_at", "finished_at"
-        )[:MAX_STARTS]
-    )
-    for dep, model, engine, started, finished in found:
-        seconds = (finished - started).total_seconds()
-        if len(own[dep]) < RECENT:
-            own[dep].append(seconds)
-        if len(by_model[(model, engine)]) < RECENT:
-            by_model[(model, engine)].append(seconds)
-    out = {}
-    for d in rows:
-        for scope, times in (
-            ("this deployment", own.get(d.pk)),
-            (f"deployments of {d.model}", by_model.get((d.model, d.engine))),
-        ):
-            if times:
-                seconds = statistics.median(times)
-                out[d.pk] = (
-                    seconds,
-                    f"median of the last {len(times)} engine start(s) of {scope} "
-                    f"({seconds:.0f} s, from apply/restart to ready)",
-                )
-                break
-        else:
-            out[d.pk] = (
-                GUESS_SECONDS,
-                f"no engine start measured yet: {GUESS_SECONDS:.0f} s assumed (a mid-size "
-                "model's load); apply or restart the engine once through the panel to measure it",
-            )
-    return out
