@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 import yaml
 
 from scaling.planning import series
-from scaling.planning.types import SLO, ExportTarget, PolicyConfig, Thresholds
+from scaling.planning.types import SLO, ExportTarget
 
 PANEL = "LLM control panel"
 ANNOTATION = "llmpanel"  # prefix of the Kubernetes annotation and label keys we write
@@ -76,15 +76,10 @@ def target_from_dict(data: dict) -> ExportTarget:
     """An ``ExportTarget`` from its ``as_dict`` form (nested policy, thresholds and SLO too)."""
     if not isinstance(data, dict):
         raise ValueError("a target is a JSON object of ExportTarget's fields")
-    data = dict(data)
-    names = {f.name for f in fields(ExportTarget)}
-    unknown = sorted(set(data) - names)
-    if unknown:
+    unknown = sorted(set(data) - {f.name for f in fields(ExportTarget)})
+    if unknown:  # a typo in a hand-written target file must not pass silently
         raise ValueError(f"unknown target field(s): {', '.join(unknown)}")
-    for key, kind in (("policy", PolicyConfig), ("thresholds", Thresholds), ("slo", SLO)):
-        if isinstance(data.get(key), dict):
-            data[key] = kind.from_dict(data[key])
-    return ExportTarget(**data)
+    return ExportTarget.from_dict(data)
 
 
 def _check(target: ExportTarget) -> ExportTarget:

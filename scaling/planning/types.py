@@ -223,3 +223,12 @@ class ExportTarget(_Dict):
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     thresholds: Thresholds = field(default_factory=Thresholds)
     slo: SLO = field(default_factory=SLO)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ExportTarget:
+        data = dict(data or {})
+        for key, kind in (("policy", PolicyConfig), ("thresholds", Thresholds), ("slo", SLO)):
+            if isinstance(data.get(key), dict):
+                data[key] = kind.from_dict(data[key])
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
