@@ -21,7 +21,9 @@ VIEW = "hosts.view_deployment"
 @permission_required(CREATE, raise_exception=True)
 def new(request, pk):
     deployment = get_object_or_404(Deployment.objects.select_related("host"), pk=pk)
-    form = WhatIfForm(request.POST or None, initial=services.form_initial(deployment))
+    form = WhatIfForm(
+        request.POST or None, request.FILES or None, initial=services.form_initial(deployment)
+    )
     if request.method == "POST" and form.is_valid():
         try:
             plan = services.create_plan(deployment, request.user, form.cleaned_data)
@@ -44,6 +46,7 @@ def detail(request, pk):
         "rows": services.rows(plan.result) if done else [],
         "figures": services.figures(plan.result) if done else None,
         "words": (plan.result or {}).get("words") if done else None,
+        "traffic_words": services.traffic_words(plan.traffic),
     }
     return render(request, "scaling/whatif.html", context)
 

@@ -19,6 +19,7 @@ from controlpanel.jobs import enqueue_on_commit
 from controlpanel.services import audit
 from hosts.models import Deployment
 from scaling.models import ScalingPolicy, WhatIfPlan
+from scaling.planning.dayshape import UTC_CLOCK, hour_ranges
 from scaling.planning.replica import calibrate
 from scaling.planning.whatif import (
     HPA_TOLERANCE,
@@ -123,12 +124,37 @@ def create_plan(deployment: Deployment, user, data: dict) -> WhatIfPlan:
         plan = WhatIfPlan.objects.create(
             deployment=deployment,
             requested_by=user,
-            traffic={"hourly": hourly, "source": data.get("source") or "form"},
+            traffic=_traffic(hourly, data.get("sample")),
             params=params,
         )
         audit(user, "whatif.created", plan, after={"traffic": plan.traffic, "params": params})
         enqueue_on_commit(TASK, plan.pk)
     return plan
+
+
+def _traffic(hourly: list[float], sample: dict | None) -> dict:
+    """The plan's day: its 24 rates and where they came from (a sample's summary, as
+    ``forms_whatif.sample_summary`` makes it, when it gave them)."""
+    if not sample:
+        return {"hourly": hourly, "source": "form"}
+    return {"hourly": hourly, "source": "sample", "sample": sample}
+
+
+def traffic_words(traffic: dict) -> str:
+    """Where the day came from, in one sentence for the plan's page."""
+    sample = (traffic or {}).get("sample")
+    if (traffic or {}).get("source") != "sample" or not sample:
+        return "The day's 24 hourly rates as entered."
+    clock = "UTC" if sample["placement"] == UTC_CLOCK else "its times placed from 00:00"
+    covered, rest = sample["covered_hours"], sample["fallback_hours"]
+    hours = "All 24 hours" if not rest else f"Hour{'s' * (len(covered) > 1)} {hour_ranges(covered)}"
+    words = f"{hours} from {sample['filename']} ({sample['requests']:,} requests, {clock})"
+    words += "; the rest as entered." if rest else "."
+    return words + (
+        f" Its mean request: {sample['mean_input_tokens']:g} input and "
+        f"{sample['mean_output_tokens']:g} output tokens (the replica is measured with the "
+        "profile's sizes, named in the basis below)."
+    )
 
 
 def _profile(deployment: Deployment, profile_id: int | None) -> LoadProfile | None:
