@@ -126,7 +126,8 @@ def hourly_from_sample(
             f"{min_coverage_s / 60:g} minutes or more: give rates for them"
         )
     hourly = [
-        round(counts[h] / covered[h], 4) if h in measured else float(fallback[h]) for h in range(24)
+        float(f"{counts[h] / covered[h]:.6g}") if h in measured else float(fallback[h])
+        for h in range(24)
     ]
     return DayShape(
         hourly=hourly,
