@@ -125,6 +125,7 @@ def hourly_from_sample(
             f"the sample does not cover hours {hour_ranges(rest)} (UTC) for "
             f"{min_coverage_s / 60:g} minutes or more: give rates for them"
         )
+    # Significant digits, not places: a quiet hour's 0.0083 req/s keeps its precision.
     hourly = [
         float(f"{counts[h] / covered[h]:.6g}") if h in measured else float(fallback[h])
         for h in range(24)
