@@ -44,6 +44,13 @@ def thresholds(capacity: Capacity, config: PolicyConfig) -> Thresholds:
     )
 
 
+def hold_seconds(config: PolicyConfig) -> float:
+    """How long lower demand must last before a replica goes: the stabilisation window, or
+    the engine's start time when that is longer (a replica let go is not back for that
+    long, so one needed again within it should have been kept warm)."""
+    return max(config.stabilisation_s, config.engine_start_s or 0.0)
+
+
 def raw_desired(
     signals: list[Signals], capacity: Capacity, current: int, config: PolicyConfig
 ) -> int | None:
@@ -61,8 +68,8 @@ def decide(
     recent_raw: list[int],
 ) -> Decision:
     """Desired replicas for the group whose fresh ``signals`` are given (one per replica),
-    ``current`` replicas running; ``recent_raw``: the raw desired values over the
-    stabilisation window (a scale-down needs every one of them below ``current``)."""
+    ``current`` replicas running; ``recent_raw``: the raw desired values over the hold
+    window (``hold_seconds``: a scale-down needs every one of them below ``current``)."""
     limits = thresholds(capacity, config)
     unknown = Decision(current=current, desired=current, raw_desired=current, thresholds=limits)
     if not capacity.rps:
@@ -88,7 +95,9 @@ def decide(
         desired = max([raw, *recent_raw])
     else:
         desired = current
-        held = f"; held at {current} until demand stays lower for {config.stabilisation_s:.0f} s"
+        held = f"; held at {current} until demand stays lower for {hold_seconds(config):.0f} s"
+        if hold_seconds(config) > config.stabilisation_s:
+            held += " (the engine's start time: a replica let go takes that long to return)"
     desired = max(desired, warm)
     desired = min(max(desired, config.min_replicas), config.max_replicas)
     status = "under" if desired > current else "over" if desired < current else "ok"

@@ -35,13 +35,13 @@ from hosts.choices import DeploymentStatus
 from hosts.models import Deployment, EngineConfig
 from scaling.models import EngineSample
 from scaling.planning.capacity import capacity_at_slo
-from scaling.planning.policy import decide, raw_desired
+from scaling.planning.policy import decide, hold_seconds, raw_desired
 from scaling.planning.types import SLO, Capacity, Decision, LoadPoint, PolicyConfig, Signals
 from scaling.services.startup import GUESS_SECONDS, engine_starts
 
 # Signals older than this are not the engine's present: the poller stopped or cannot reach it.
 STALE_S = 15.0
-# The stabilisation window's history is judged at this spacing, not at every sample.
+# The hold window's history (policy.hold_seconds) is judged at this spacing, not every sample.
 HISTORY_STEP_S = 15.0
 # The newest runs of the chosen profile that count as evidence (older ones add little and
 # cost a scrape their points).
@@ -130,10 +130,16 @@ def _states(deployments) -> list[ScalingState]:
     ids = [d.pk for d in rows]
     policies = {d.pk: _policy(d) for d in rows}
     groups = _groups(rows)
-    window = max(p.stabilisation_s for p, _ in policies.values()) + STALE_S
+    starts = engine_starts(rows)
+    # The hold window of a scale-down (policy.hold_seconds) reaches back this far at most;
+    # samples are not kept longer than their retention anyway.
+    hold = max(
+        hold_seconds(PolicyConfig(stabilisation_s=p.stabilisation_s, engine_start_s=starts[pk][0]))
+        for pk, (p, _) in policies.items()
+    )
+    window = min(hold, settings.SCALING_SAMPLE_RETENTION_MINUTES * 60) + STALE_S
     newest, history = _samples(ids, now, window)
     points = _evidence(rows, policies)
-    starts = engine_starts(rows)
     states = []
     for d in rows:
         config, slo = policies[d.pk]
@@ -214,7 +220,7 @@ def _groups(rows: list[Deployment]) -> dict[tuple[str, str], list[int]]:
 
 
 def _samples(ids: list[int], now, window_s: float):
-    """The newest sample per deployment (time, signals) and, for the stabilisation window,
+    """The newest sample per deployment (time, signals) and, for the hold window,
     one sample every ``HISTORY_STEP_S`` per deployment: three queries (the times are read
     first, the signals only of the samples picked)."""
     newest_at = dict(
@@ -269,12 +275,12 @@ def _fresh(newest, now) -> tuple[Signals | None, float | None, str]:
 
 
 def _recent_raw(group, history, capacity, current, config, now) -> list[int]:
-    """Raw desired replicas at every ``HISTORY_STEP_S`` of the stabilisation window, from
+    """Raw desired replicas at every ``HISTORY_STEP_S`` of the hold window, from
     each group member's sample nearest before that moment."""
     if not group or not capacity.rps:
         return []
     out = []
-    steps = int(config.stabilisation_s // HISTORY_STEP_S)
+    steps = int(hold_seconds(config) // HISTORY_STEP_S)
     for k in range(1, steps + 1):
         moment = now - timedelta(seconds=k * HISTORY_STEP_S)
         signals = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scaling.planning.policy import decide, raw_desired, thresholds
+from scaling.planning.policy import decide, hold_seconds, raw_desired, thresholds
 from scaling.planning.types import SLO, Capacity, LoadPoint, PolicyConfig, Signals, Window
 
 CAP = Capacity(
@@ -86,6 +86,18 @@ def test_scale_down_waits_for_the_whole_stabilisation_window():
     assert down.desired == 2 and down.status == "over"  # the window's highest
     # No history yet: nothing proves the demand stayed low.
     assert decide(low, CAP, current=3, config=CONFIG, recent_raw=[]).desired == 3
+
+
+def test_a_slow_engine_start_holds_replicas_longer_than_the_stabilisation_window():
+    """A replica let go is back only after the engine's start time: with a 10-minute start
+    the hold is 10 minutes, not the 5 of the stabilisation window."""
+    quick = PolicyConfig(stabilisation_s=300.0, engine_start_s=30.0)
+    slow = PolicyConfig(stabilisation_s=300.0, engine_start_s=600.0)
+    assert hold_seconds(quick) == 300.0 and hold_seconds(slow) == 600.0
+    assert hold_seconds(PolicyConfig(stabilisation_s=300.0)) == 300.0
+    held = decide([sig(3.0)], CAP, current=3, config=slow, recent_raw=[1, 3])
+    assert held.desired == 3
+    assert "lower for 600 s" in held.reason and "start time" in held.reason
 
 
 def test_warm_minimum_covers_todays_demand_and_the_policy_minimum():
