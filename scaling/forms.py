@@ -13,6 +13,7 @@ from django.core.validators import URLValidator
 
 from benchmarks.models import LoadProfile
 from scaling.models import ScalingPolicy
+from scaling.services import policies
 
 # Kubernetes object names: a DNS-1123 subdomain (a Deployment's name) and label (a
 # namespace), as the API server checks them.
@@ -27,18 +28,7 @@ class PolicyForm(forms.ModelForm):
 
     class Meta:
         model = ScalingPolicy
-        fields = [
-            "slo_ttft_p95_ms",
-            "slo_itl_p95_ms",
-            "max_error_rate",
-            "load_profile",
-            "min_replicas",
-            "max_replicas",
-            "target",
-            "stabilisation_s",
-            "cooldown_s",
-            "polling_interval_s",
-        ]
+        fields = policies.FIELDS  # what the audited save writes, one list
         labels = {
             "slo_ttft_p95_ms": "p95 TTFT ≤ (ms)",
             "slo_itl_p95_ms": "p95 ITL ≤ (ms)",

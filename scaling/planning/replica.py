@@ -101,25 +101,24 @@ class ReplicaCurve:
         """Requests waiting per replica where p95 TTFT crosses ``slo_ms`` on the curve (the
         scaler's threshold); None when even the lightest rate misses it. When the SLO holds
         up to saturation, the queue at saturation (a deeper one is a growing backlog)."""
-        points = self.used
-        if points[0].ttft_p95_ms > slo_ms:
-            return None
-        for lo, hi in zip(points, points[1:], strict=False):
-            if hi.ttft_p95_ms > slo_ms:
-                w = (slo_ms - lo.ttft_p95_ms) / (hi.ttft_p95_ms - lo.ttft_p95_ms)
-                return lo.waiting + (hi.waiting - lo.waiting) * w
-        return points[-1].waiting
+        return self._at_slo(slo_ms, "waiting")
 
     def rps_at_slo(self, slo_ms: float) -> float | None:
         """The highest rate per replica whose p95 TTFT meets ``slo_ms`` (interpolated)."""
+        return self._at_slo(slo_ms, "rate")
+
+    def _at_slo(self, slo_ms: float, attr: str) -> float | None:
+        """``attr`` of the curve where p95 TTFT crosses ``slo_ms``, linear between the
+        measured points; at the last point when it never does; None when the first misses."""
         points = self.used
         if points[0].ttft_p95_ms > slo_ms:
             return None
         for lo, hi in zip(points, points[1:], strict=False):
             if hi.ttft_p95_ms > slo_ms:
                 w = (slo_ms - lo.ttft_p95_ms) / (hi.ttft_p95_ms - lo.ttft_p95_ms)
-                return lo.rate + (hi.rate - lo.rate) * w
-        return points[-1].rate
+                a, b = getattr(lo, attr), getattr(hi, attr)
+                return a + (b - a) * w
+        return getattr(points[-1], attr)
 
 
 def _point(result: dict, rate: float, time_scale: float, used: bool) -> CurvePoint:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import transaction
 
 from controlpanel.services import audit, snapshot
@@ -25,8 +26,6 @@ FIELDS = [
 def policy_of(deployment: Deployment) -> ScalingPolicy:
     """The deployment's stored policy, or an unsaved one holding the defaults (a deployment
     without a row scales by them; the settings' SLO included)."""
-    from django.conf import settings
-
     try:
         return ScalingPolicy.objects.get(deployment=deployment)
     except ScalingPolicy.DoesNotExist:
