@@ -44,9 +44,10 @@ class WhatIfForm(forms.Form):
     replay_profile = forms.ModelChoiceField(
         label="Or a replay profile's requests",
         required=False,
-        queryset=LoadProfile.objects.filter(source=ProfileSource.REPLAY).order_by(
-            "name", "-version"
-        ),
+        # The rows (up to 100,000 a profile) are read only for the one chosen.
+        queryset=LoadProfile.objects.filter(source=ProfileSource.REPLAY)
+        .only("id", "name", "version")
+        .order_by("name", "-version"),
         help_text="Its requests at their own times (× its time scale), placed from 00:00.",
     )
     slo_ttft_p95_ms = forms.FloatField(label="SLO: p95 TTFT (ms)", min_value=1, max_value=600_000)
