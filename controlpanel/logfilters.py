@@ -22,8 +22,8 @@ def scrub(text: str, secrets=frozenset()) -> str:
 
 class QuietFrequentTasks(logging.Filter):
     """Drops the INFO lines of the once-a-second polls (GPU telemetry, engine signals): sent,
-    received, succeeded:
-    sixty a minute would bury everything else. Its warnings and errors still pass."""
+    received, succeeded, sixty a minute each, would bury everything else. Their warnings and
+    errors still pass."""
 
     NAMES = ("poll_telemetry", "poll-telemetry", "poll_engine_signals", "poll-engine-signals")
 
