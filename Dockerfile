@@ -18,6 +18,7 @@ COPY controlpanel ./controlpanel
 COPY hosts ./hosts
 COPY benchmarks ./benchmarks
 COPY changes ./changes
+COPY scaling ./scaling
 COPY api ./api
 COPY home ./home
 COPY templates ./templates

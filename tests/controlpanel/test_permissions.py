@@ -96,6 +96,14 @@ MATRIX = [
     ("changes:sweep_start", "post", OPERATORS),
     ("changes:sweep_cancel", "post", OPERATORS),
     ("changes:sweep_propose", "post", OPERATORS),
+    ("scaling:fleet", "get", ALL),
+    ("scaling:deployment", "get", ALL),
+    ("scaling:policy", "post", OPERATORS),
+    ("scaling:signals_json", "get", ALL),
+    ("scaling:export", "get", ALL),
+    ("scaling:whatif_new", "get", OPERATORS),
+    ("scaling:whatif", "get", ALL),
+    ("scaling:whatif_status", "get", ALL),
 ]
 # Public on purpose, or Django's own account views, which every logged-in user may use.
 PUBLIC = {
@@ -150,6 +158,13 @@ ARGS = {
     "changes:advisor_deployment": lambda o: [o["deployment"]],
     "changes:advisor_run": lambda o: [o["benchmarks"]],
     "changes:advisor_dismiss": lambda o: [_finding(o)],
+    "scaling:deployment": lambda o: [o["deployment"]],
+    "scaling:policy": lambda o: [o["deployment"]],
+    "scaling:signals_json": lambda o: [o["deployment"]],
+    "scaling:export": lambda o: [o["deployment"], "keda.yaml"],
+    "scaling:whatif_new": lambda o: [o["deployment"]],
+    "scaling:whatif": lambda o: [_whatif(o)],
+    "scaling:whatif_status": lambda o: [_whatif(o)],
     **{
         name: lambda o: [_sweep(o)]
         for name in (
@@ -163,6 +178,16 @@ ARGS = {
         )
     },
 }
+
+
+def _whatif(o) -> int:
+    """A what-if of the deployment that failed (its page shows the error, no result)."""
+    from scaling.models import WhatIfPlan
+
+    plan, _ = WhatIfPlan.objects.get_or_create(
+        deployment_id=o["deployment"], defaults={"status": "failed", "error": "no config"}
+    )
+    return plan.pk
 
 
 def _sweep(o) -> int:
