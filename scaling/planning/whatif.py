@@ -63,7 +63,7 @@ LABELS = {
     "utilisation": "GPU utilisation (HPA)",
     "utilisation_high": "GPU utilisation (HPA), high target",
     "queue": "Queue depth (KEDA)",
-    "tokens": "Pending tokens + p95 TTFT (panel's KEDA export)",
+    "tokens": "Panel's KEDA export (queue, pending tokens, arrivals, p95 TTFT)",
 }
 HPA_TOLERANCE = 0.1  # Kubernetes' default: no change while the ratio is within ±10 %
 MAX_RATE = 10_000.0  # requests/s, the form's bound too

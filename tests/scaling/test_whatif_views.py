@@ -161,7 +161,7 @@ def test_the_page_shows_the_policies_side_by_side_and_the_charts(client, viewer,
         "GPU utilisation (HPA, target 70%)",
         "GPU utilisation (HPA, target 95%)",
         "Queue depth (KEDA)",
-        "Pending tokens",
+        "Panel's KEDA export (queue, pending tokens, arrivals, p95 TTFT)",
     ):
         assert label in html
     assert "never scales up" in html  # the high target's trap, said in words
