@@ -58,3 +58,15 @@ class OperationOutcome(ColouredChoices):
     READY = "ready", "Ready", "green"
     ROLLED_BACK = "rolled_back", "Rolled back", "amber"
     FAILED = "failed", "Failed", "red"
+
+
+class CheckOutcome(ColouredChoices):
+    """What a host check found. The check's own status only says whether it ran: a refused
+    connection is a finished check with a red outcome, never a "Succeeded" one."""
+
+    CONNECTED = "connected", "Connected", "green"
+    PORT_OPEN = "port_open", "Port answers (no credentials to log in)", "amber"
+    HOST_KEY = "host_key", "Host key to accept", "amber"
+    UNREACHABLE = "unreachable", "Unreachable", "red"
+    AUTH_FAILED = "auth_failed", "Credentials refused", "red"
+    FAILED = "failed", "Connection failed", "red"

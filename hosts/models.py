@@ -18,6 +18,7 @@ from controlpanel.crypto import EncryptedTextField
 from controlpanel.models import BackgroundOperation
 from hosts.addresses import is_loopback
 from hosts.choices import (
+    CheckOutcome,
     DeploymentStatus,
     EngineKind,
     HostStatus,
@@ -556,12 +557,17 @@ class HostCheck(BackgroundOperation):
     reachable = models.BooleanField(null=True, blank=True)
     latency_ms = models.FloatField(null=True, blank=True)
     detail = models.CharField(max_length=300, blank=True)
+    outcome = models.CharField(max_length=16, choices=CheckOutcome.choices, blank=True)
 
     class Meta(BackgroundOperation.Meta):
         pass
 
     def __str__(self) -> str:
         return f"check of {self.host.name} #{self.pk}"
+
+    @property
+    def outcome_choice(self) -> CheckOutcome | None:
+        return CheckOutcome(self.outcome) if self.outcome else None
 
     def as_event(self) -> dict:
         return {
@@ -571,6 +577,7 @@ class HostCheck(BackgroundOperation):
             "reachable": self.reachable,
             "latency_ms": self.latency_ms,
             "detail": self.detail,
+            "outcome": self.outcome,
             "error": self.error,
         }
 

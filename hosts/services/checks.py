@@ -15,7 +15,7 @@ from controlpanel.choices import OperationStatus
 from controlpanel.jobs import enqueue_on_commit
 from controlpanel.realtime import group_name, publish
 from controlpanel.services import audit
-from hosts.choices import HostStatus, TransportKind
+from hosts.choices import CheckOutcome, HostStatus, TransportKind
 from hosts.models import Host, HostCheck
 from hosts.services.hosts import offer_host_key, set_status
 from hosts.services.inventory import refresh_inventory
@@ -48,15 +48,19 @@ def run_host_check(check: HostCheck) -> HostCheck:
             pass
     except OSError as exc:
         check.reachable = False
+        check.outcome = CheckOutcome.UNREACHABLE
         check.detail = _describe(exc, host)[:300]
         set_status(host, HostStatus.UNREACHABLE, check.detail)
     else:
         check.reachable = True
         check.latency_ms = round((time.perf_counter() - started) * 1000, 3)
         check.detail = f"{host.transport} port {host.port} answered in {check.latency_ms} ms"
+        check.outcome = CheckOutcome.PORT_OPEN
         if host.has_credentials or host.transport == TransportKind.SSH:
-            check.detail = (check.detail + "; " + _test_transport(host))[:300]
-    check.save(update_fields=["reachable", "latency_ms", "detail"])
+            check.outcome, said = _test_transport(host)
+            check.detail = (check.detail + "; " + said)[:300]
+    # SUCCEEDED below means the check ran to its end; what it found is the outcome.
+    check.save(update_fields=["reachable", "latency_ms", "detail", "outcome"])
     check.transition_to(OperationStatus.SUCCEEDED)
     _publish_check(check)
     return check
@@ -77,12 +81,13 @@ def check_all_hosts() -> list[HostCheck]:
     return [request_host_check(None, host) for host in Host.objects.all()]
 
 
-def _test_transport(host: Host) -> str:
-    """Talk to the host for real: identity, then inventory. Says what happened in one line."""
+def _test_transport(host: Host) -> tuple[CheckOutcome, str]:
+    """Talk to the host for real: identity, then inventory. The outcome, and what happened
+    in one line."""
     if host.transport == TransportKind.SSH and not host.ssh_host_key_fingerprint:
         return _first_contact(host)
     if not host.has_credentials:
-        return "no credentials stored"
+        return CheckOutcome.PORT_OPEN, "no credentials stored"
     try:
         with transport_for(host) as transport:
             info = transport.info()
@@ -90,26 +95,26 @@ def _test_transport(host: Host) -> str:
     except CredentialsNotBound as exc:
         # Nothing was sent: the host was pointed elsewhere since its credentials were entered.
         set_status(host, HostStatus.AUTH_FAILED, str(exc))
-        return f"credentials {exc}"
+        return CheckOutcome.AUTH_FAILED, f"credentials {exc}"
     except HostKeyMismatch as exc:
         offer_host_key(host, exc)
-        return str(exc)
+        return CheckOutcome.HOST_KEY, str(exc)
     except AuthError as exc:
         set_status(host, HostStatus.AUTH_FAILED, str(exc))
-        return f"credentials refused: {exc}"
+        return CheckOutcome.AUTH_FAILED, f"credentials refused: {exc}"
     except TransportError as exc:
         set_status(host, HostStatus.ERROR, str(exc))
-        return f"connection failed: {exc}"
+        return CheckOutcome.FAILED, f"connection failed: {exc}"
     host.agent_version = info.get("agent_version") or ""
     host.libraries = reported_libraries(info.get("libraries"))
     host.save(update_fields=["agent_version", "libraries"])
     source = info.get("telemetry_source") or "none"
     gpus = host.gpus.count()
     where = f"{info.get('kind', host.transport)} on {info.get('hostname', '?')}"
-    return f"{where}: {gpus} GPU(s), telemetry from {source}"
+    return CheckOutcome.CONNECTED, f"{where}: {gpus} GPU(s), telemetry from {source}"
 
 
-def _first_contact(host: Host) -> str:
+def _first_contact(host: Host) -> tuple[CheckOutcome, str]:
     # An SSH host whose key nobody accepted yet: learn the key and offer it to an admin,
     # without authenticating to a machine we cannot identify.
     try:
@@ -118,9 +123,10 @@ def _first_contact(host: Host) -> str:
         )
     except TransportError as exc:
         set_status(host, HostStatus.ERROR, str(exc))
-        return f"SSH handshake failed: {exc}"
+        return CheckOutcome.FAILED, f"SSH handshake failed: {exc}"
     offer_host_key(host, HostKeyUnknown(fingerprint, key_type))
-    return f"first contact: the host key is {key_type} {fingerprint}; an admin must accept it"
+    said = f"first contact: the host key is {key_type} {fingerprint}; an admin must accept it"
+    return CheckOutcome.HOST_KEY, said
 
 
 def reported_libraries(value) -> dict[str, str]:

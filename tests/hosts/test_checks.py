@@ -9,8 +9,10 @@ from django.utils import timezone
 from controlpanel.choices import OperationStatus
 from controlpanel.models import AuditEntry, InvalidTransition
 from hosts import tasks
+from hosts.choices import CheckOutcome
 from hosts.models import HostCheck
 from hosts.services import checks
+from hosts.transport.base import AuthError, TransportError
 from tests.conftest import free_port
 from tests.factories import make_host
 
@@ -33,6 +35,7 @@ def test_unreachable_host_is_a_finished_check_not_a_failure():
     check.refresh_from_db()
     assert check.status == OperationStatus.SUCCEEDED and check.reachable is False
     assert f"127.0.0.1:{port}" in check.detail and check.latency_ms is None
+    assert check.outcome == CheckOutcome.UNREACHABLE
 
 
 def test_task_records_an_unexpected_error_on_the_row(monkeypatch):
@@ -116,3 +119,59 @@ def test_check_view_without_htmx_redirects_to_the_host(client, operator, monkeyp
 def test_check_view_refuses_get(client, operator):
     client.force_login(operator)
     assert client.get(reverse("hosts:check", args=[make_host().pk])).status_code == 405
+
+
+class _Refusing:
+    """A transport whose host answers the port but refuses what we send."""
+
+    def __init__(self, exc):
+        self.exc = exc
+
+    def __enter__(self):
+        raise self.exc
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize(
+    ("exc", "outcome", "label"),
+    [
+        (AuthError("token rejected"), CheckOutcome.AUTH_FAILED, "Credentials refused"),
+        (TransportError("Connection refused"), CheckOutcome.FAILED, "Connection failed"),
+    ],
+)
+def test_a_refused_connection_is_a_red_outcome_not_succeeded(
+    client, operator, listener, monkeypatch, exc, outcome, label
+):
+    """The check ran to its end (status succeeded), but the badge says what it found."""
+    monkeypatch.setattr(checks, "transport_for", lambda host: _Refusing(exc))
+    host = make_host(port=listener)
+    check = checks.run_host_check(HostCheck.objects.create(host=host))
+    check.refresh_from_db()
+    assert check.status == OperationStatus.SUCCEEDED and check.outcome == outcome
+    assert outcome.colour == "red"
+    client.force_login(operator)
+    fragment = client.get(reverse("hosts:checks", args=[host.pk])).content.decode()
+    assert f'<span class="badge red" data-check-outcome="{outcome.value}">{label}</span>' in (
+        fragment
+    )
+    assert "Succeeded" not in fragment
+    dashboard = client.get(reverse("dashboard")).content.decode()
+    assert f'data-check-outcome="{outcome.value}">{label}' in dashboard
+    assert "Succeeded" not in dashboard
+
+
+def test_a_port_without_credentials_is_not_called_connected(listener):
+    check = HostCheck.objects.create(host=make_host(port=listener, agent_token=""))
+    checks.run_host_check(check)
+    check.refresh_from_db()
+    assert check.outcome == CheckOutcome.PORT_OPEN and CheckOutcome.PORT_OPEN.colour == "amber"
+
+
+def test_a_check_that_has_not_run_shows_its_status(client, operator):
+    host = make_host()
+    HostCheck.objects.create(host=host)
+    client.force_login(operator)
+    fragment = client.get(reverse("hosts:checks", args=[host.pk])).content.decode()
+    assert '<span class="badge grey">Queued</span>' in fragment

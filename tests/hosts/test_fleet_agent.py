@@ -62,6 +62,7 @@ def test_wrong_token_is_reported_as_refused_credentials(fleet):
     checks.run_host_check(check)
     host.refresh_from_db()
     assert host.status == "auth_failed" and "credentials refused" in check.detail
+    assert check.outcome == "auth_failed" and check.status == "succeeded"
 
 
 def test_apply_rollback_restart_and_telemetry(fleet, operator):
