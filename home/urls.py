@@ -7,6 +7,7 @@ from home import views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
+    path("favicon.ico", views.favicon, name="favicon"),
     # The cost page prices runs on every host, so it lives at the top rather than under
     # /benchmarks/.
     path("cost/", cost_views.cost, name="cost"),

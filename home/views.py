@@ -2,9 +2,11 @@
 
 from decimal import Decimal
 
-from django.contrib.auth.decorators import permission_required
+from django.contrib.auth.decorators import login_not_required, permission_required
 from django.db.models import Count, Sum
+from django.http import HttpResponsePermanentRedirect
 from django.shortcuts import render
+from django.templatetags.static import static
 
 from benchmarks.models import BenchmarkRun
 from changes.views_advisor import fleet_context
@@ -60,3 +62,10 @@ def dashboard(request):
         **fleet_context(),
     }
     return render(request, "home/dashboard.html", context)
+
+
+@login_not_required
+def favicon(request):
+    """Browsers ask for /favicon.ico whatever the page links; answer with the static icon
+    (also on the login page, hence no login)."""
+    return HttpResponsePermanentRedirect(static("controlpanel/favicon.svg"))

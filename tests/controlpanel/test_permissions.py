@@ -108,6 +108,7 @@ MATRIX = [
 # Public on purpose, or Django's own account views, which every logged-in user may use.
 PUBLIC = {
     "healthz",
+    "favicon",  # tests/home/test_favicon.py
     "login",
     "logout",
     "password_reset",
