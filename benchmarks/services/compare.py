@@ -1,6 +1,7 @@
-"""Comparing 2-4 runs side by side, the first as the baseline: the key numbers with their
-deltas and verdicts, what makes the comparison unfair, and what differs in their configs.
-The charts are ``figures``."""
+"""Comparing 2-4 runs side by side, oldest first, against a reference run the user picks
+(the oldest unless told: "before" is the reference of a before/after): the key numbers with
+their deltas and verdicts, what makes the comparison unfair, and what differs in their
+configs. The charts are ``figures``."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ class CompareRefused(ValueError):
 
 
 def runs_to_compare(ids: list[str]) -> list[BenchmarkRun]:
-    """2-4 runs, in the order given (the first is the baseline)."""
+    """2-4 runs, oldest first, whatever order they were ticked in (the history lists the
+    newest first)."""
     wanted = []
     for value in ids:
         for part in str(value).split(","):
@@ -50,17 +52,30 @@ def runs_to_compare(ids: list[str]) -> list[BenchmarkRun]:
     missing = [str(pk) for pk in wanted if pk not in found]
     if missing:
         raise CompareRefused(f"No run #{', #'.join(missing)}.")
-    return [found[pk] for pk in wanted]
+    return sorted(found.values(), key=lambda r: (r.created_at, r.pk))
 
 
-def compare(runs: list[BenchmarkRun]) -> dict:
-    """Everything the compare page shows, the first run as the baseline."""
+def reference_index(runs: list[BenchmarkRun], ref: str | None) -> int:
+    """Where the reference run sits among ``runs``: the one ``ref`` names, else the oldest."""
+    if ref in (None, ""):
+        return 0
+    ref = str(ref).strip()
+    for index, run in enumerate(runs):
+        if ref.isdigit() and run.pk == int(ref):
+            return index
+    raise CompareRefused(f"The reference #{ref} is not one of the compared runs.")
+
+
+def compare(runs: list[BenchmarkRun], ref: int = 0) -> dict:
+    """Everything the compare page shows, deltas against ``runs[ref]``."""
     return {
         "runs": runs,
+        "reference": runs[ref],
+        "ref_index": ref,
         "names": [r.numbered_name for r in runs],
-        "rows": metric_rows(runs),
+        "rows": metric_rows(runs, ref),
         "warnings": warnings(runs),
-        "diff": config_diff(runs),
+        "diff": config_diff(runs, ref),
         "figures": compare_figures(runs),
     }
 
@@ -90,9 +105,9 @@ def delta(value, base, metric: Metric, better: str | None) -> dict:
     return {"text": text, "verdict": verdict}
 
 
-def metric_rows(runs: list[BenchmarkRun]) -> list[dict]:
+def metric_rows(runs: list[BenchmarkRun], ref: int = 0) -> list[dict]:
     """One row per compared metric that any run has: each run's value, and for the others
-    their delta from the baseline and its verdict."""
+    their delta from the reference ``runs[ref]`` and its verdict."""
     currencies = {r.currency for r in runs if r.cost_per_million_output is not None}
     rows = []
     for metric in COMPARED:
@@ -107,8 +122,8 @@ def metric_rows(runs: list[BenchmarkRun]) -> list[dict]:
         cells = []
         for number, value in enumerate(values):
             cell = {"text": metric.text(value), "value": value, "delta": "", "verdict": ""}
-            if number:
-                change = delta(value, values[0], metric, better)
+            if number != ref:
+                change = delta(value, values[ref], metric, better)
                 cell.update(delta=change["text"], verdict=change["verdict"])
             cells.append(cell)
         rows.append({"key": metric.key, "label": metric.label, "unit": unit, "cells": cells})
@@ -207,24 +222,24 @@ def _facts(runs: list[BenchmarkRun]) -> list[tuple[str, list]]:
     ]
 
 
-def _diff_row(label: str, raw: list, key: str = "") -> dict:
+def _diff_row(label: str, raw: list, key: str = "", ref: int = 0) -> dict:
     texts = [_shown(key, v) for v in raw]
     # Compare the values, not their display (two different secrets both show •••).
     marks = [json.dumps(v, sort_keys=True, default=str) for v in raw]
     return {
         "label": label,
         "cells": [
-            {"text": t, "changed": n > 0 and m != marks[0]}
+            {"text": t, "changed": n != ref and m != marks[ref]}
             for n, (t, m) in enumerate(zip(texts, marks, strict=True))
         ],
         "changed": len(set(marks)) > 1,
     }
 
 
-def config_diff(runs: list[BenchmarkRun]) -> dict:
+def config_diff(runs: list[BenchmarkRun], ref: int = 0) -> dict:
     """What was set up differently: the facts every run has (deployment, engine, GPUs,
     model, profile, config version) and every engine setting whose value is not the same in
-    all runs. Cells that differ from the baseline are marked ``changed``."""
+    all runs. Cells that differ from the reference ``runs[ref]`` are marked ``changed``."""
     settings = [_settings(r) for r in runs]
     keys = sorted({k for s in settings if s for k in s})
     differing = [
@@ -232,8 +247,8 @@ def config_diff(runs: list[BenchmarkRun]) -> dict:
         for k in keys
         if len({json.dumps((s or {}).get(k), sort_keys=True, default=str) for s in settings}) > 1
     ]
-    fact_rows = [_diff_row(label, values) for label, values in _facts(runs)]
-    setting_rows = [_diff_row(k, [(s or {}).get(k) for s in settings], k) for k in differing]
+    fact_rows = [_diff_row(label, values, ref=ref) for label, values in _facts(runs)]
+    setting_rows = [_diff_row(k, [(s or {}).get(k) for s in settings], k, ref) for k in differing]
     changed = sum(1 for r in fact_rows if r["changed"] and r["label"] != "Config version")
     return {
         "facts": fact_rows,

@@ -40,9 +40,10 @@ def run_list(request):
 def compare(request):
     try:
         runs = comparing.runs_to_compare(request.GET.getlist("runs"))
+        ref = comparing.reference_index(runs, request.GET.get("ref"))
     except comparing.CompareRefused as exc:
         return render(request, "benchmarks/compare.html", {"refused": str(exc)}, status=400)
-    return render(request, "benchmarks/compare.html", comparing.compare(runs))
+    return render(request, "benchmarks/compare.html", comparing.compare(runs, ref))
 
 
 @permission_required("benchmarks.add_benchmarkrun", raise_exception=True)

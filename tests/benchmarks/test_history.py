@@ -323,9 +323,50 @@ def test_compare_refuses_one_or_five_runs_and_unknown_ones(client, viewer):
     response = client.get(COMPARE, {"runs": [runs[0].pk, 99999]})
     assert response.status_code == 400 and "No run #99999" in response.context["refused"]
     assert client.get(COMPARE, {"runs": ["1", "x"]}).status_code == 400
-    # Comma-separated works too, in the order given.
+    # Comma-separated works too; the columns go oldest first whatever the order given.
     response = client.get(COMPARE, {"runs": f"{runs[2].pk},{runs[0].pk}"})
-    assert [r.pk for r in response.context["runs"]] == [runs[2].pk, runs[0].pk]
+    assert [r.pk for r in response.context["runs"]] == [runs[0].pk, runs[2].pk]
+
+
+def test_compare_defaults_to_the_oldest_run_as_reference_whatever_the_tick_order(client, viewer):
+    """The history lists the newest first; a before/after must not come out inverted."""
+    profile = make_profile()
+    before = make_finished_run(load_profile=profile, ttft_p95_ms=300.0)
+    after = make_finished_run(load_profile=profile, ttft_p95_ms=240.0)
+    client.force_login(viewer)
+    response = client.get(COMPARE, {"runs": [after.pk, before.pk]})
+    assert response.context["reference"] == before
+    assert [r.pk for r in response.context["runs"]] == [before.pk, after.pk]
+    ttft = {row["key"]: row for row in response.context["rows"]}["ttft_p95_ms"]["cells"]
+    assert ttft[0]["delta"] == "" and ttft[1]["delta"] == "-60 (-20.0 %)"
+    assert ttft[1]["verdict"] == "better"
+    html = response.content.decode()
+    assert f'name="ref" value="{before.pk}" form="compare-reference" checked' in html
+    assert f'name="ref" value="{after.pk}" form="compare-reference">' in html
+
+
+def test_compare_against_the_reference_the_url_names(client, viewer):
+    profile = make_profile()
+    runs = [
+        make_finished_run(load_profile=profile, ttft_p95_ms=ttft, label=f"r{ttft:.0f}")
+        for ttft in (300.0, 240.0, 360.0)
+    ]
+    client.force_login(viewer)
+    response = client.get(COMPARE, {"runs": [r.pk for r in runs], "ref": runs[1].pk})
+    assert response.status_code == 200 and response.context["reference"] == runs[1]
+    ttft = {row["key"]: row for row in response.context["rows"]}["ttft_p95_ms"]["cells"]
+    assert [c["delta"] for c in ttft] == ["+60 (+25.0 %)", "", "+120 (+50.0 %)"]
+    assert [c["verdict"] for c in ttft] == ["worse", "", "worse"]
+    html = response.content.decode()
+    assert f"deltas against {runs[1].numbered_name} (reference)" in html
+    assert f'name="ref" value="{runs[1].pk}" form="compare-reference" checked' in html
+    # The form keeps the runs, so choosing another reference keeps the comparison.
+    assert html.count('type="hidden" name="runs"') == 3
+    refused = client.get(COMPARE, {"runs": [runs[0].pk, runs[1].pk], "ref": runs[2].pk})
+    assert (
+        refused.status_code == 400
+        and "not one of the compared runs" in (refused.context["refused"])
+    )
 
 
 def test_cdf_figures_overlay_each_run_from_its_distributions(client, viewer):
