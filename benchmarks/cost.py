@@ -135,6 +135,64 @@ def cost_per_request(
     return cost_per_unit(hourly_price, requests_per_s, utilisation, restart_overhead)
 
 
+# --- the GPUs a deployment uses --------------------------------------------------------------
+
+
+class GpuShare(NamedTuple):
+    """An instance's hourly price split between the GPUs a deployment uses (charged to it)
+    and the rest (idle as far as this deployment goes: charged to nothing here)."""
+
+    instance_price: float | Decimal
+    charged: float | Decimal
+    used: int | None
+    total: int | None
+
+    @property
+    def idle(self) -> int:
+        return (self.total - self.used) if self.partial else 0
+
+    @property
+    def idle_price(self) -> float | Decimal:
+        return self.instance_price - self.charged
+
+    @property
+    def partial(self) -> bool:
+        return self.charged != self.instance_price
+
+    def describe(self, currency: str = "") -> str:
+        """ "1 of 2 GPUs: 2.45 of 4.90 USD/h" ("" when the deployment uses them all)."""
+        if not self.partial:
+            return ""
+        return (
+            f"{self.used} of {self.total} GPUs: {money(self.charged)} of "
+            f"{money(self.instance_price, currency)}/h"
+        )
+
+
+def gpu_share(instance_price, used_gpus, instance_gpus) -> GpuShare:
+    """The part of ``instance_price`` (per hour, for ``instance_gpus`` GPUs) that pays for
+    ``used_gpus`` of them: price × used ÷ GPUs. The whole price when either count is unknown
+    or the deployment uses every GPU (or claims more: then it is charged no more than all)."""
+    check_price(instance_price)
+    price = instance_price  # as given: a Decimal stays exact
+    used, total = (int(n) if n else None for n in (used_gpus, instance_gpus))
+    if not used or not total or used >= total:
+        return GpuShare(price, price, used, total)
+    return GpuShare(price, price * used / total, used, total)
+
+
+def idle_gpus(instance_price, used_gpus: int, instance_gpus: int) -> GpuShare:
+    """A host's GPUs that no deployment uses, as a share of its price (``used`` of them are
+    in use); ``idle_price`` is what no deployment is charged."""
+    check_price(instance_price)
+    price = instance_price
+    if not instance_gpus:
+        return GpuShare(price, price, used_gpus, None)  # unknown: nothing said to be idle
+    if not used_gpus:
+        return GpuShare(price, price * 0, 0, int(instance_gpus))
+    return gpu_share(price, used_gpus, instance_gpus)
+
+
 # --- display --------------------------------------------------------------------------------
 
 

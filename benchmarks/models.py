@@ -209,7 +209,10 @@ class BenchmarkRun(BackgroundOperation):
         decimal_places=4,
         null=True,
         blank=True,
-        help_text="The host's price per hour when the run finished.",
+        help_text=(
+            "Per hour when the run finished: the share of the host's price paying for the "
+            "GPUs the run used (host price × GPUs used ÷ host GPUs)."
+        ),
     )
     currency = models.CharField(max_length=3, blank=True)
     cost_per_million_output = models.FloatField(

@@ -17,7 +17,7 @@ from benchmarks.choices import Pricing
 from benchmarks.models import GPU_SEPARATOR, BenchmarkRun, Price
 from controlpanel.choices import OperationStatus
 from controlpanel.services import audit, snapshot
-from hosts.models import Host
+from hosts.models import Deployment, Gpu, Host
 
 DEFAULT_RUN_COUNT = 20
 # Which prices each selected run is evaluated under on the cost page.
@@ -183,18 +183,53 @@ def price_rows(prices) -> list[dict]:
 # --- the cost page --------------------------------------------------------------------------
 
 
+def used_gpus_by_host() -> dict[int, int | None]:
+    """{host pk: GPUs its deployments use}, None for "all of them" (a deployment given no
+    GPUs by index runs on the whole host). Two queries whatever the fleet's size."""
+    used: dict[int, int | None] = dict(
+        Gpu.objects.filter(deployments__isnull=False)
+        .values_list("host")
+        .annotate(n=Count("pk", distinct=True))
+        .order_by()
+    )
+    for host_id, assigned in Deployment.objects.annotate(n=Count("gpus")).values_list(
+        "host_id", "n"
+    ):
+        if not assigned:
+            used[host_id] = None
+    return used
+
+
 def fleet_summary() -> dict:
-    """Each host's own hourly price per hour, per GPU-hour and per month (730 h), and the
-    fleet's total (hosts' prices are all in the panel's currency)."""
+    """Each host's own hourly price per hour, per GPU-hour and per month (730 h), the share of
+    it paying for GPUs no deployment uses, and the fleet's totals (hosts' prices are all in
+    the panel's currency)."""
     hosts = list(Host.objects.annotate(gpu_count=Count("gpus")))
+    used = used_gpus_by_host()
+    currency = settings.PANEL_CURRENCY
     rows = []
+    idle_total = Decimal("0")
     for host in hosts:
         per_gpu = host.hourly_price / host.gpu_count if host.gpu_count else None
+        in_use = used.get(host.pk, 0)
+        idle = (
+            cost.idle_gpus(host.hourly_price, in_use, host.gpu_count)
+            if in_use is not None
+            else None
+        )
+        idle_text = ""
+        if idle is not None and idle.partial:
+            idle_total += idle.idle_price
+            idle_text = (
+                f"{idle.idle} of {idle.total} GPUs idle: {cost.money(idle.idle_price, currency)}"
+                "/h not charged to any deployment"
+            )
         rows.append(
             {
                 "host": host,
                 "per_gpu_hour": per_gpu,
                 "per_month": host.hourly_price * cost.HOURS_PER_MONTH,
+                "idle_text": idle_text,
             }
         )
     total = sum((h.hourly_price for h in hosts), Decimal("0"))
@@ -202,7 +237,8 @@ def fleet_summary() -> dict:
         "rows": rows,
         "total_hour": total,
         "total_month": total * cost.HOURS_PER_MONTH,
-        "currency": settings.PANEL_CURRENCY,
+        "idle_hour": idle_total,
+        "currency": currency,
     }
 
 
@@ -298,8 +334,15 @@ def cost_report(
         price_as=price_as,
         default_selection=not runs,
     )
-    for run, choice in _pairs(selected_runs(runs), pricing, price_as, prices):
-        report.rows.append(_row(report, run, choice))
+    chosen_runs = selected_runs(runs)
+    host_gpus = dict(
+        Gpu.objects.filter(host__in={run.deployment.host_id for run in chosen_runs})
+        .values_list("host")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    for run, choice in _pairs(chosen_runs, pricing, price_as, prices):
+        report.rows.append(_row(report, run, choice, host_gpus))
     options = [row["option"] for row in report.rows]
     report.ranking = cost.rank(options, slo, currency=report.currency, metric=metric)
     _mark_ranking(report)
@@ -309,10 +352,17 @@ def cost_report(
     return report
 
 
-def _row(report: CostReport, run, choice: PriceChoice) -> dict:
-    """The table row of one option: ``run`` priced at ``choice``."""
+def _row(report: CostReport, run, choice: PriceChoice, host_gpus: dict) -> dict:
+    """The table row of one option: ``run`` priced at the share of ``choice`` that pays for
+    the GPUs the run's deployment used (an instance type's GPUs when the price names them,
+    else its host's)."""
+    listed = choice.price.gpu_count if choice.price is not None else None
+    instance_gpus = listed or (
+        host_gpus.get(run.deployment.host_id) if choice.key == "host" else None
+    )
+    share = cost.gpu_share(choice.hourly_price, run.gpu_count, instance_gpus)
     run_cost = cost.RunCost.from_run(
-        run, choice.hourly_price, choice.currency, report.utilisation, report.restart_overhead
+        run, share.charged, choice.currency, report.utilisation, report.restart_overhead
     )
     name = run.numbered_name
     label = name if report.price_as == "host" else f"{name} @ {choice.name}"
@@ -322,8 +372,10 @@ def _row(report: CostReport, run, choice: PriceChoice) -> dict:
         "run": run,
         "option": cost.Option(key, run_cost, run.ttft_p95_ms, label),
         "cost": run_cost,
-        "price": choice.hourly_price,
+        "price": share.charged,
         "price_key": choice.key,
+        "share": share,
+        "share_text": _share_text(share, choice.currency),
         "currency": choice.currency,
         "source": choice.source,
         "gpu_note": _gpu_note(choice.price, run),
@@ -371,6 +423,17 @@ def _pairs(runs: list, pricing: str, price_as: str, prices) -> list[tuple]:
             if not linked and same_gpus(price, run.gpu_model, run.gpu_count):
                 pairs.append((run, _listed(price)))
     return pairs
+
+
+def _share_text(share: cost.GpuShare, currency: str) -> str:
+    """Says that only the used GPUs are charged, and what the idle ones cost."""
+    if not share.partial:
+        return ""
+    return (
+        f"{share.describe(currency)}; {share.idle} idle GPU"
+        f"{'s' if share.idle != 1 else ''} ({cost.money(share.idle_price, currency)}/h) "
+        "not charged to this run"
+    )
 
 
 def _gpu_note(price: Price | None, run) -> str:

@@ -4,12 +4,13 @@ run's rows: headline columns, JSON parts, distributions, the request log, price 
 from __future__ import annotations
 
 import math
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
 
 from benchmarks import records as request_records
-from benchmarks.cost import cost_per_million
+from benchmarks.cost import cost_per_million, gpu_share
 from benchmarks.metrics import RECORDED
 from benchmarks.models import BenchmarkRun, RunPoint, RunRequestLog
 from benchmarks.services.prices import hourly_price_for
@@ -68,9 +69,13 @@ def store_results(
     _set_columns(run, document)
     if records:
         run.distributions = request_records.distributions(records)
-    price, currency, _ = hourly_price_for(run.deployment.host)
-    run.hourly_price, run.currency = price, currency
-    run.cost_per_million_output = cost_per_million(price, run.output_tokens_per_s)
+    host = run.deployment.host
+    price, currency, _ = hourly_price_for(host)
+    # The run pays for the GPUs its deployment used, not for the host's idle ones.
+    share = gpu_share(price, run.gpu_count, host.gpus.count())
+    run.hourly_price = round(Decimal(share.charged), 4)
+    run.currency = currency
+    run.cost_per_million_output = cost_per_million(run.hourly_price, run.output_tokens_per_s)
     with transaction.atomic():
         run.save()
         if records:

@@ -48,6 +48,11 @@ def shown_diff(diff: dict) -> dict:
 
 
 def gpu_count(deployment: Deployment) -> int | None:
+    """The GPUs the deployment uses: those it was given by index, else (none given) its
+    simulator's count or the whole host's."""
+    assigned = deployment.gpus.count()
+    if assigned:
+        return assigned
     if deployment.runner == "simulator":
         return int((deployment.simulator or {}).get("num_gpus") or 1)
     count = deployment.host.gpus.count()

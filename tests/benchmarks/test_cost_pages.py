@@ -421,10 +421,11 @@ def test_chosen_prices_price_every_run_and_say_when_the_gpus_differ(client, view
     assert set(rows) == {
         f"{run.pk}-{price.pk}" for run in (fast, busy) for price in (p["big"], p["a100"])
     }
-    # 98.32 / 36,000 and 1.00 / 36,000 for fast; 1.00 / 72,000 for busy (misses the SLO).
-    assert rows[f"{fast.pk}-{p['big'].pk}"]["cost"].per_request == pytest.approx(
-        0.0027311111111111113
-    )
+    # The 8-GPU type charges fast's one GPU: 98.32 × 1/8 / 36,000; 1.00 / 36,000 for fast
+    # on the 1-GPU A100; 1.00 / 72,000 for busy (misses the SLO).
+    big = rows[f"{fast.pk}-{p['big'].pk}"]
+    assert big["cost"].per_request == pytest.approx(0.0027311111111111113 / 8)
+    assert big["share_text"].startswith("1 of 8 GPUs: 12.29 of 98.32 USD/h; 7 idle GPUs")
     assert rows[f"{fast.pk}-{p['a100'].pk}"]["cost"].per_request == pytest.approx(
         2.777777777777778e-05
     )
