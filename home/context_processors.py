@@ -1,10 +1,13 @@
 """Values every page needs: the navigation the user may see (it names every app's pages, so it
 lives in the top app), their roles, the currency."""
 
+from functools import cache
+
 from django.conf import settings
 from django.urls import reverse
 
 from controlpanel.roles import role_names
+from home.attention import reviews_waiting
 
 NAVIGATION = (
     ("Dashboard", "dashboard", "hosts.view_host"),
@@ -16,6 +19,25 @@ NAVIGATION = (
     ("Cost", "cost", "benchmarks.view_benchmarkrun"),
     ("Audit log", "audit", "controlpanel.view_auditentry"),
 )
+# Entries that show how many reviews wait for the user: which of reviews_waiting's lists.
+REVIEW_COUNTS = {"changes:list": 0, "changes:sweeps": 1}
+
+
+class _Count:
+    """A review count that queries only when a template shows it (partials rendered with
+    this context never ask), once per request for all the entries."""
+
+    def __init__(self, lists, which: int):
+        self.lists, self.which = lists, which
+
+    def __int__(self) -> int:
+        return len(self.lists()[self.which])
+
+    def __bool__(self) -> bool:
+        return int(self) > 0
+
+    def __str__(self) -> str:
+        return str(int(self))
 
 
 def panel(request):
@@ -25,13 +47,17 @@ def panel(request):
     path = request.path
     nav = []
     urls = [reverse(name) for _, name, _ in NAVIGATION]
-    for (label, _, perm), url in zip(NAVIGATION, urls, strict=True):
+    waiting = cache(lambda: reviews_waiting(user))
+    for (label, name, perm), url in zip(NAVIGATION, urls, strict=True):
         if not user.has_perm(perm):
             continue
         # The longest matching entry is the page's (/changes/sweeps/ is Sweeps, not Changes).
         longer = any(o != url and o.startswith(url) and path.startswith(o) for o in urls)
         active = path == url if url == "/" else path.startswith(url) and not longer
-        nav.append({"label": label, "url": url, "active": active})
+        item = {"label": label, "url": url, "active": active}
+        if name in REVIEW_COUNTS:
+            item["waiting"] = _Count(waiting, REVIEW_COUNTS[name])
+        nav.append(item)
     return {
         "nav": nav,
         "roles": role_names(user),

@@ -11,6 +11,7 @@ from django.templatetags.static import static
 from benchmarks.models import BenchmarkRun
 from changes.views_advisor import fleet_context
 from controlpanel.models import AuditEntry
+from home.attention import attention
 from hosts.models import Deployment, Gpu, Host, HostCheck
 
 
@@ -59,6 +60,7 @@ def dashboard(request):
         "recent_checks": HostCheck.objects.select_related("host")[:5],
         "recent_audit": AuditEntry.objects.all()[:8],
         "chart": _memory_chart(hosts),
+        "attention": attention(request.user),
         **fleet_context(),
     }
     return render(request, "home/dashboard.html", context)

@@ -1,0 +1,112 @@
+"""What needs this user's attention: reviews waiting for them (the navigation's count and the
+dashboard), their recent failures, the fleet's serious advisor findings and hosts the panel
+cannot reach or log in to.
+
+Who may review what is ``changes.rules`` / ``changes.rules_sweeps``, read here as the buttons
+read it, so the count never offers a review the page would refuse (one's own, a stale
+change). Each list is one query however many rows there are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.utils import timezone
+
+from benchmarks.models import BenchmarkRun
+from changes import rules, rules_sweeps
+from changes.choices import ChangeState, SweepState
+from changes.models import ChangeRequest, Finding
+from changes.models_sweeps import Sweep
+from changes.views_advisor import BADGES
+from controlpanel.choices import OperationStatus
+from hosts.choices import HostStatus
+from hosts.models import Host
+
+# "Recent" failures: a week covers a weekend away.
+RECENT_DAYS = 7
+SHOWN = 10  # per list: the page links on to the full lists
+SERIOUS = ("critical", "warning")
+# A host is in trouble when its status badge is red (unreachable, credentials refused, ...).
+TROUBLED_HOSTS = [status for status in HostStatus if status.colour == "red"]
+
+
+def reviews_waiting(user) -> tuple[list[ChangeRequest], list[Sweep]]:
+    """Changes and sweeps pending review that ``user`` may approve now (never their own)."""
+    if not user.has_perm(rules.APPROVE):
+        return [], []
+    changes = [
+        change
+        for change in ChangeRequest.objects.filter(state=ChangeState.PENDING).select_related(
+            "deployment__host", "deployment__active_config", "base_config", "proposed_by"
+        )
+        if rules.allowed("approve", user, change)
+    ]
+    sweeps = [
+        sweep
+        for sweep in Sweep.objects.filter(state=SweepState.PENDING).select_related(
+            "deployment__host", "created_by"
+        )
+        if "approve" in rules_sweeps.allowed_actions(user, sweep)
+    ]
+    return changes, sweeps
+
+
+@dataclass
+class Attention:
+    """The dashboard's "needs my attention" card."""
+
+    changes: list = field(default_factory=list)
+    sweeps: list = field(default_factory=list)
+    failed_runs: list = field(default_factory=list)
+    failed_changes: list = field(default_factory=list)
+    findings: list = field(default_factory=list)
+    hosts: list = field(default_factory=list)
+    days: int = RECENT_DAYS
+
+    @property
+    def empty(self) -> bool:
+        return not any(
+            (
+                self.changes,
+                self.sweeps,
+                self.failed_runs,
+                self.failed_changes,
+                self.findings,
+                self.hosts,
+            )
+        )
+
+
+def attention(user) -> Attention:
+    """Everything on the card, each list the first SHOWN rows (a bounded number of queries)."""
+    since = timezone.now() - timedelta(days=RECENT_DAYS)
+    changes, sweeps = reviews_waiting(user)
+    found = Attention(changes=changes[:SHOWN], sweeps=sweeps[:SHOWN])
+    if user.has_perm("benchmarks.view_benchmarkrun"):
+        found.failed_runs = list(
+            BenchmarkRun.objects.filter(
+                requested_by=user, status=OperationStatus.FAILED, created_at__gte=since
+            ).select_related("deployment__host")[:SHOWN]
+        )
+    if user.has_perm("changes.view_changerequest"):
+        found.failed_changes = list(
+            ChangeRequest.objects.filter(
+                proposed_by=user,
+                state__in=(ChangeState.FAILED, ChangeState.ROLLED_BACK),
+                finished_at__gte=since,
+            ).select_related("deployment__host")[:SHOWN]
+        )
+    if user.has_perm("changes.view_finding"):
+        findings = list(
+            Finding.objects.active()
+            .filter(severity__in=SERIOUS)
+            .worst_first()
+            .select_related("deployment__host")[:SHOWN]
+        )
+        for finding in findings:
+            finding.badge = BADGES.get(finding.severity, "grey")
+        found.findings = findings
+    found.hosts = list(Host.objects.filter(status__in=TROUBLED_HOSTS).order_by("name")[:SHOWN])
+    return found
