@@ -68,9 +68,8 @@ def target(deployment: Deployment) -> dict:
     if deployment.runner == "simulator":
         time_scale = float((deployment.simulator or {}).get("time_scale") or 1.0)
     price, currency, source = prices.hourly_price_for(deployment.host)
-    host_gpus = (
-        num_gpus if deployment.runner == "simulator" else deployment.host.gpus.count() or num_gpus
-    )
+    # Per GPU of the host: a deployment given some of its GPUs by index models only those.
+    host_gpus = deployment.host.gpus.count() or num_gpus
     per_gpu = float(Decimal(price) / host_gpus) if price and host_gpus else None
     return {
         "gpu": gpu,

@@ -23,3 +23,19 @@ def test_a_one_gpu_deployment_on_a_two_gpu_host_is_predicted_on_one_gpu():
     assert gpu_count(make_deployment(host)) == 2
     whole = make_deployment(host, runner="simulator", simulator={"num_gpus": 2})
     assert gpu_facts(whole)[:2] == ("h100-sxm", 2)
+
+
+def test_a_sweep_prices_one_gpu_of_the_host_not_the_whole_host():
+    from decimal import Decimal
+
+    from changes.services.sweeps import target
+
+    host = make_host(hourly_price=Decimal("4.90"))
+    gpus = [make_gpu(host), make_gpu(host)]
+    deployment = make_deployment(
+        host, runner="simulator", simulator={"gpu": "h100-sxm", "num_gpus": 2}
+    )
+    deployment.gpus.set([gpus[0]])
+    modelled = target(deployment)
+    assert modelled["num_gpus"] == 1
+    assert modelled["price_per_gpu_hour"] == pytest.approx(2.45)
