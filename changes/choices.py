@@ -124,3 +124,22 @@ class LaneState(ColouredChoices):
 
 # A deployment taking part in a sweep in these lane states is held by it (partial unique index).
 LANE_LOCK_STATES = (LaneState.QUEUED, LaneState.RUNNING)
+
+
+class VersionOutcome(ColouredChoices):
+    """How a config version ended, read from the operations and changes that applied it
+    (``changes.services.config_history``). Only a version that ran healthy and was kept is
+    a sound place to go back to."""
+
+    RUNNING = "running", "Running now", "green"
+    GOOD = "good", "Was good", "green"
+    APPLYING = "applying", "Being applied", "blue"
+    ROLLED_BACK = "rolled_back", "Rolled back", "amber"
+    FAILED = "failed", "Failed to start", "red"
+    NEVER = "never", "Never applied", "grey"
+
+    @property
+    def rollback_target(self) -> bool:
+        """The one rule for "Propose rollback to this version": the button and the service
+        that creates the proposal both ask it."""
+        return self == VersionOutcome.GOOD

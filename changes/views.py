@@ -19,7 +19,7 @@ from changes.choices import LOCK_STATES, ChangeKind, Decision
 from changes.forms import ChangeFilterForm, CommentForm, ProposeForm, RollbackForm
 from changes.models import ChangeRequest
 from changes.rules import APPLY, ChangeRefused
-from changes.services import apply, facts, review, timeline
+from changes.services import apply, config_history, facts, review, timeline
 from controlpanel.services import redact
 from hosts.models import Deployment, EngineConfig
 
@@ -274,20 +274,21 @@ def all_configs(request):
             "-created_at", "-pk"
         )[:100]
     )
-    return render(request, "changes/config_list.html", {"rows": facts.configs_with_diffs(configs)})
+    return render(request, "changes/config_list.html", {"rows": config_history.rows(configs)})
 
 
 @permission_required("hosts.view_engineconfig", raise_exception=True)
 def deployment_configs(request, pk):
-    """One deployment's config versions, newest first; any but the running one can be the
-    target of a rollback proposal."""
+    """One deployment's config versions, newest first, each with how it ended and what it
+    changed from the version it was made from; one that ran healthy (and is not running) can
+    be the target of a rollback proposal."""
     deployment = get_object_or_404(Deployment.objects.select_related("host"), pk=pk)
     configs = list(
         EngineConfig.objects.filter(deployment=deployment)
         .select_related("created_by")
         .order_by("-version")
     )
-    rows = facts.configs_with_diffs(configs)
+    rows = config_history.rows(configs)
     # The change that created each version, in one query.
     made_by = dict(
         ChangeRequest.objects.filter(

@@ -11,6 +11,7 @@ from benchmarks.models import BenchmarkRun, LoadProfile, RunRequestLog
 from changes import advice
 from changes.models import ChangeRequest
 from changes.rules import ChangeRefused
+from changes.services import config_history
 from controlpanel.choices import OperationStatus
 from hosts.engines import get_spec
 from hosts.engines.catalog import GPUS
@@ -178,25 +179,6 @@ def spec_flags(deployment: Deployment):
 
 
 def configs_with_diffs(configs: list[EngineConfig]) -> list[dict]:
-    """Each config with what it changed from the version before, in one query for all the
-    predecessors instead of one per row."""
-    wanted = {(c.deployment_id, c.version - 1) for c in configs if c.version > 1}
-    have = {(c.deployment_id, c.version): c for c in configs}
-    missing = wanted - set(have)
-    if missing:
-        have.update(
-            {
-                (c.deployment_id, c.version): c
-                for c in EngineConfig.objects.filter(
-                    deployment_id__in={d for d, _ in missing},
-                    version__in={v for _, v in missing},
-                )
-            }
-        )
-    return [
-        {
-            "config": c,
-            "diff": shown_diff(c.diff(have.get((c.deployment_id, c.version - 1)))),
-        }
-        for c in configs
-    ]
+    """Each config with what it changed from the version it was made from (its parent;
+    ``config_history.parents``), for the API's history: the same diff as the pages."""
+    return config_history.rows(configs, with_endings=False)

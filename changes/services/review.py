@@ -10,6 +10,7 @@ from changes import rules
 from changes.choices import ChangeKind, ChangeState, Decision
 from changes.models import Approval, ChangeRequest
 from changes.rules import ChangeRefused
+from changes.services import config_history
 from changes.services.facts import (
     required_approvals,
     review_facts,
@@ -120,8 +121,9 @@ def propose_rollback(
     """Propose going back to an earlier version of a deployment's config, as a change that is
     reviewed like any other."""
     deployment = target.deployment
-    if deployment.active_config_id == target.pk:
-        raise ChangeRefused(f"{deployment} already runs v{target.version}.")
+    problem = config_history.rollback_problem(target)
+    if problem:
+        raise ChangeRefused(problem)
     return propose_change(
         actor,
         deployment,

@@ -111,9 +111,20 @@ def test_turning_code_loading_off_needs_no_admin(operator, admin, deployment):
 
 
 def test_a_rollback_to_a_version_that_loads_code_needs_an_admin(operator, admin, deployment):
+    from hosts.models import EngineOperation
+
     old = make_config(deployment, {"max_num_seqs": 64, "trust_remote_code": True})
     deployment.active_config = make_config(deployment, {"max_num_seqs": 64})
     deployment.save()
+    # ``old`` ran until the running version was applied over it: a rollback target.
+    EngineOperation.objects.create(
+        deployment=deployment,
+        kind="apply",
+        config=deployment.active_config,
+        previous_config=old,
+        status="succeeded",
+        outcome="ready",
+    )
     with pytest.raises(PermissionDenied):
         review.propose_rollback(operator, old, rationale="back")
     assert review.propose_rollback(admin, old, rationale="back").kind == "rollback"

@@ -470,12 +470,23 @@ def test_the_list_reads_a_page_in_a_bounded_number_of_queries(
 
 # --- config history ----------------------------------------------------------------------------
 def test_config_history_and_a_rollback_proposal(client, operator, deployment):
+    from hosts.models import EngineOperation
+
     first = deployment.active_config
-    running(
+    second = running(
         deployment,
         {"max_num_seqs": 128, "gpu_memory_utilization": 0.9},
         env=first.env,
         placement=first.placement,
+    )
+    # v1 ran until v2 was applied over it (a version that ran healthy: a rollback target).
+    EngineOperation.objects.create(
+        deployment=deployment,
+        kind="apply",
+        config=second,
+        previous_config=first,
+        status="succeeded",
+        outcome="ready",
     )
     client.force_login(operator)
     response = client.get(reverse("changes:configs", args=[deployment.pk]))

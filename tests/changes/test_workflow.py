@@ -269,8 +269,19 @@ def test_approving_a_stale_pending_change_is_refused(operator, approver, deploym
 
 
 def test_rollback_proposal_targets_an_earlier_version(operator, deployment):
+    from hosts.models import EngineOperation
+
     v1 = deployment.active_config
     v2 = make_config(deployment, {"max_num_seqs": 200})
+    # v1 ran until v2 was applied over it: a version that ran healthy, so a rollback target.
+    EngineOperation.objects.create(
+        deployment=deployment,
+        kind="apply",
+        config=v2,
+        previous_config=v1,
+        status="succeeded",
+        outcome="ready",
+    )
     deployment.active_config = v2
     deployment.save()
     change = review.propose_rollback(operator, v1, rationale="v2 raised p95 TTFT")
