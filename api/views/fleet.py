@@ -215,7 +215,8 @@ def _add_history_facts(deployment: Deployment, rows: list[dict]) -> None:
             change=change,
             change_state=state,
             outcome=outcomes.get(config.pk),
-            diff_from_version=config.version - 1 if config.version > 1 else None,
+            # The version the diff is against: the one it was made from (config_history).
+            diff_from_version=row["parent"].version if row.get("parent") else None,
         )
 
 
