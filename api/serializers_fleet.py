@@ -76,7 +76,11 @@ class DeploymentRefSerializer(serializers.Serializer):
 
 class HostCheckSerializer(serializers.Serializer):
     id = serializers.IntegerField()
-    status = serializers.CharField()
+    status = serializers.CharField(help_text="Whether the check ran (queued, running, …).")
+    outcome = serializers.CharField(
+        help_text="What it found once it ran: connected, unreachable, auth_failed, … "
+        '("" while it has not finished).'
+    )
     reachable = serializers.BooleanField(allow_null=True)
     latency_ms = serializers.FloatField(allow_null=True)
     detail = serializers.CharField()

@@ -131,12 +131,19 @@ def test_host_list_and_detail_shapes(api, fleet):
             "status": "unknown",
         }
     ]
-    HostCheck.objects.create(host=fleet["agent"], reachable=True, latency_ms=1.5, detail="ok")
+    HostCheck.objects.create(
+        host=fleet["agent"],
+        reachable=False,
+        latency_ms=1.5,
+        detail="refused",
+        outcome="auth_failed",
+    )
     detail = api.get(f"/api/v1/hosts/{fleet['agent'].pk}/").json()
     assert detail["transport"] == "agent" and detail["port"] == 9100
     assert detail["status"] == "unknown" and detail["status_label"] == "Not contacted yet"
     assert "protection" in detail and detail["credential_problem"] == ""
-    assert detail["last_check"]["reachable"] is True
+    assert detail["last_check"]["reachable"] is False
+    assert detail["last_check"]["outcome"] == "auth_failed"  # what it found, not that it ran
     assert detail["last_check"]["latency_ms"] == 1.5
     gpu = detail["gpus"][0]
     assert gpu["model"] == "NVIDIA H100 80GB HBM3" and gpu["numa_node"] == 1
