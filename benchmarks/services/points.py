@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from benchmarks.loadgen.runner import LoadRun
 from benchmarks.models import BenchmarkRun, RunPoint
+from benchmarks.services.progress import Progress
 from benchmarks.services.results import clean
 from controlpanel.choices import OperationStatus
 from controlpanel.realtime import group_name, publish
@@ -43,6 +44,7 @@ class PointSink:
         self._cancelled = False
         self.started = time.monotonic()
         self._last_poll = 0.0
+        self.tracker = Progress(run.planned_requests, run.planned_duration_s)
 
     def put(self, point: dict) -> None:
         self.queue.put(point)
@@ -101,19 +103,9 @@ class PointSink:
         publish(group_name("run", run.pk), "run.point", point)
 
     def _progress(self, point: dict) -> tuple[float, float | None]:
-        run = self.run
-        elapsed = float(point["t"])
-        fractions = []
-        if run.planned_requests:
-            fractions.append((point["completed"] + point["failed"]) / run.planned_requests)
-        if run.planned_duration_s:
-            fractions.append(elapsed / run.planned_duration_s)
-        if not fractions:
-            return 0.0, None
-        # Whichever bound the stages hit first ends the run: the larger fraction.
-        done = min(max(fractions), 1.0)
-        eta = elapsed * (1 - done) / done if done > 0.01 else None
-        return round(done, 4), (round(eta, 1) if eta is not None else None)
+        """(fraction done, seconds left): the plan's schedule and the observed rate at which
+        requests finish (``progress.Progress``), not the run-long average."""
+        return self.tracker.update(point)
 
     def _gpus(self) -> list[dict]:
         """This second's readings of the deployment's GPUs (the host's, when it names none),

@@ -199,7 +199,12 @@
       if (!known(point.completed)) return;
       setProgress(point.progress);
       const eta = root.querySelector("[data-eta]");
-      if (eta) eta.textContent = known(point.eta_s) ? "about " + fmtSeconds(point.eta_s) + " left" : "";
+      // The server's estimate (the plan's schedule and the observed completion rate); none
+      // during the warm-up, which no plan times, or before the rate has been seen long enough.
+      if (eta) {
+        eta.textContent = known(point.eta_s) ? "about " + fmtSeconds(point.eta_s) + " left"
+          : point.stage === "warmup" ? "warming up…" : "estimating…";
+      }
       const now = root.querySelector("[data-now]");
       if (now) {
         now.textContent = fmtSeconds(point.t) + " in · " + point.completed + " done · " + point.failed +
@@ -214,6 +219,7 @@
         badge.dataset.runStatus = data.status;
         // The colour comes with the event, from the status's choice (one definition).
         badge.className = "badge " + (data.colour || "grey");
+        badge.title = data.title || "";
       }
       const cancel = root.querySelector("[data-cancel-form]");
       if (cancel && (data.finished || data.cancel_requested)) {
