@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections import deque
 from dataclasses import dataclass, field
 
 PERCENTILES = (50, 90, 95, 99, 99.9)
+# The causes kept in a summary: a run failing in many different ways lists the most common,
+# and counts the rest as one "other" row (its count keeps the table's total true).
+MAX_CAUSES = 20
 
 
 @dataclass(slots=True, eq=False)  # identity semantics: records live in sets
@@ -142,6 +147,7 @@ def summarize(records: list[RequestRecord], slo: dict[str, float] | None = None)
         "failed": len(failed),
         "error_rate": len(failed) / len(measured) if measured else 0.0,
         "errors_by_class": errors,
+        "errors_by_cause": errors_by_cause(failed),
         "total_input_tokens": in_tokens,
         "total_output_tokens": out_tokens,
         "request_throughput": len(ok) / duration,
@@ -168,6 +174,67 @@ def summarize(records: list[RequestRecord], slo: dict[str, float] | None = None)
     result["max_concurrent_requests"] = _max_concurrency(measured)
     result["max_output_tokens_per_s"] = _max_tokens_per_second(ok)
     return result
+
+
+# --- why requests failed ------------------------------------------------------------------------
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_JSON_MESSAGE = re.compile(r'"message"\s*:\s*"((?:[^"\\]|\\.)*)')
+
+
+def error_message(error: str) -> str:
+    """The human part of a failed request's error: the engine's JSON ``message`` when its
+    body has one (vLLM and SGLang answer ``{"object": "error", "message": ...}``; the body may
+    be cut at 300 bytes, so a regex backs up the JSON parser), else the text as it is."""
+    head, _, body = error.partition(": ")
+    if not body.lstrip().startswith("{"):
+        return error.strip()
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        inner = data.get("error") if isinstance(data.get("error"), dict) else data
+        if isinstance(inner.get("message"), str) and inner["message"].strip():
+            return f"{head}: {inner['message'].strip()}"
+    if match := _JSON_MESSAGE.search(body):
+        return f"{head}: {match.group(1).strip()}"
+    return error.strip()
+
+
+def error_cause(error: str) -> str:
+    """The cause a failed request is grouped under: its message with the numbers taken out,
+    so "prompt of 9120 tokens" and "prompt of 9800 tokens" are one cause."""
+    return " ".join(_NUMBER.sub("N", error_message(error)).split())[:300]
+
+
+def errors_by_cause(failed: list[RequestRecord]) -> list[dict]:
+    """The failed requests grouped by error class and cause, most common first: ``{error_class,
+    cause, count, example}``, ``example`` one member's message verbatim (the numbers the
+    cause leaves out). At most MAX_CAUSES rows; the rest are counted in a last one."""
+    groups: dict[tuple[str, str], dict] = {}
+    for r in failed:
+        key = (r.error_class or "error", error_cause(r.error or ""))
+        group = groups.get(key)
+        if group is None:
+            groups[key] = group = {
+                "error_class": key[0],
+                "cause": key[1],
+                "count": 0,
+                "example": (r.error or "")[:300],
+            }
+        group["count"] += 1
+    rows = sorted(groups.values(), key=lambda g: (-g["count"], g["error_class"], g["cause"]))
+    if len(rows) > MAX_CAUSES:
+        rest = rows[MAX_CAUSES - 1 :]
+        rows = rows[: MAX_CAUSES - 1] + [
+            {
+                "error_class": "other",
+                "cause": f"{len(rest)} other causes",
+                "count": sum(g["count"] for g in rest),
+                "example": rest[0]["example"],
+            }
+        ]
+    return rows
 
 
 def _token_source(ok: list[RequestRecord]) -> str:
