@@ -63,6 +63,9 @@ def _host(host) -> dict:
         "cpu_model": host.cpu_model,
         "cpu_count": host.cpu_count,
         "telemetry_source": host.telemetry_source,
+        # What the agent says about its GPUs ("simulated GPUs (2 × H100 ...)"): on a simulated
+        # host the record shows this instead of a driver and CUDA it does not have.
+        "telemetry_note": host.telemetry_note,
     }
 
 

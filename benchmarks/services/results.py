@@ -4,6 +4,7 @@ run's rows: headline columns, JSON parts, distributions, the request log, price 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from decimal import Decimal
 
 from django.conf import settings
@@ -167,3 +168,86 @@ def error_threshold_problem(run: BenchmarkRun | None) -> str | None:
         why = f": {run.error}" if run.error else ""
         return f"{run.numbered_name} is {run.get_status_display().lower()}{why}"
     return error_rate_problem(run)
+
+
+# --- how a run's status reads -------------------------------------------------------------------
+@dataclass(frozen=True)
+class StatusBadge:
+    """A run's status as every page shows it: its words, its colour, and a longer title."""
+
+    label: str
+    colour: str
+    title: str = ""
+
+
+def share_text(share: float) -> str:
+    """A share as a percentage that never rounds a failure away ('0.01 %', not '0.0 %')."""
+    percent = share * 100
+    if 0 < percent < 0.1:
+        return f"{percent:.2g} %"
+    return f"{percent:.1f} %"
+
+
+def status_badge(run: BenchmarkRun) -> StatusBadge:
+    """The one rule for a run's badge. The status keeps its state machine (a run that ran to
+    its end succeeded), but a finished run with any failed request does not read as a clean
+    success: "Succeeded with errors: 27.5 % failed" in amber, with how many in the title.
+    Any failure counts: a threshold would hide the failures below it."""
+    status = run.status_choice
+    if status != OperationStatus.SUCCEEDED:
+        return StatusBadge(run.get_status_display(), status.colour)
+    failed, completed = run.failed, run.completed
+    if failed:
+        total = failed + (completed or 0)
+        share = failed / total if total else 1.0
+        how_many = f"{failed:,} of {total:,} requests failed"
+    elif failed is None and number(run.error_rate):
+        # An imported run may give the rate without the counts.
+        share, how_many = run.error_rate, "the imported file gives no count"
+    else:
+        return StatusBadge(run.get_status_display(), status.colour)
+    return StatusBadge(f"Succeeded with errors: {share_text(share)} failed", "amber", f"{how_many}")
+
+
+# --- what the run page shows of a summary -------------------------------------------------------
+# (row label, summary name, what it means) for the latency table; the summary has
+# mean_/median_/pNN_<name>_ms of each (benchmarks.loadgen.stats.describe).
+LATENCIES = (
+    ("TTFT", "ttft", "from the request leaving the client"),
+    (
+        "TTFT from the scheduled send",
+        "ttft_from_scheduled",
+        "from when the load pattern wanted it sent: shows what client-side queueing hides",
+    ),
+    ("Client-side queueing", "client_queue", "scheduled send → sent"),
+    ("ITL", "itl", "between streamed chunks"),
+    ("TPOT", "tpot", "per output token after the first"),
+    ("E2E latency", "e2el", "request sent → last token"),
+)
+LATENCY_COLUMNS = (("mean", "mean"), ("p50", "median"), ("p90", "p90"), ("p95", "p95"))
+LATENCY_COLUMNS += (("p99", "p99"), ("p99.9", "p99_9"))
+
+
+def latency_rows(summary: dict | None) -> list[dict]:
+    """The latency table of a run's summary: one row per latency it has, ``values`` in the
+    order of LATENCY_COLUMNS (None where the summary lacks one: an imported file)."""
+    summary = summary or {}
+    rows = []
+    for label, name, note in LATENCIES:
+        values = [number(summary.get(f"{prefix}_{name}_ms")) for _, prefix in LATENCY_COLUMNS]
+        if any(v is not None for v in values):
+            rows.append({"label": label, "note": note, "values": values})
+    return rows
+
+
+def error_causes(run: BenchmarkRun) -> list[dict]:
+    """The run's failed requests by cause (``errors_by_cause`` of its summary), each with its
+    share of the measured requests; empty for a run recorded before causes were kept (the
+    page shows its errors by class instead)."""
+    causes = (run.summary or {}).get("errors_by_cause") or []
+    total = (run.completed or 0) + (run.failed or 0)
+    return [
+        {**cause, "share": cause.get("count", 0) / total if total else None}
+        for cause in causes
+        if isinstance(cause, dict)
+    ]

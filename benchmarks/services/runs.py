@@ -28,6 +28,7 @@ from benchmarks.services.results import (
     error_rate_limit,
     error_rate_problem,
     profile_error_rate_limit,
+    status_badge,
     store_results,
 )
 from controlpanel import timelimits
@@ -370,15 +371,18 @@ def _fail_unstarted_runs(now: datetime) -> list[BenchmarkRun]:
 
 
 def publish_status(run: BenchmarkRun) -> None:
-    """Tell the run's page (and anyone watching its group) where the run stands."""
+    """Tell the run's page (and anyone watching its group) where the run stands; the badge's
+    words and colour are the pages' own (a success with failed requests says so)."""
+    badge = status_badge(run)
     publish(
         group_name("run", run.pk),
         "run.status",
         {
             "id": run.pk,
             "status": run.status,
-            "label": run.get_status_display(),
-            "colour": run.status_choice.colour,
+            "label": badge.label,
+            "colour": badge.colour,
+            "title": badge.title,
             "progress": run.progress,
             "cancel_requested": run.cancel_requested,
             "error": run.error,

@@ -8,6 +8,7 @@ anything that is not a number show as "—" instead of raising (a 500 on the run
 
 from __future__ import annotations
 
+import json
 import math
 from decimal import Decimal
 
@@ -15,6 +16,7 @@ from django import template
 from django.utils.html import format_html
 
 from benchmarks.metrics import CURRENCY, Metric
+from benchmarks.services.results import status_badge
 
 register = template.Library()
 
@@ -98,3 +100,54 @@ def metric_cell(run, metric: Metric) -> str:
     else:
         text = num(value, metric.digits)
     return format_html('<td class="{}">{}</td>', classes, text)
+
+
+@register.simple_tag
+def run_status(run, testid: str = "") -> str:
+    """A run's status badge (``status_badge``: "Succeeded with errors" when any request
+    failed), carrying its status for the live page's script."""
+    badge = status_badge(run)
+    return format_html(
+        '<span class="badge {}" data-run-status="{}" title="{}"{}>{}</span>',
+        badge.colour,
+        run.status,
+        badge.title,
+        format_html(' data-testid="{}"', testid) if testid else "",
+        badge.label,
+    )
+
+
+@register.filter
+def duration(value) -> str:
+    """A duration as people read it: '1 min 14 s', '2 h 5 min', '850 ms'; a timedelta or
+    seconds; '—' when unknown."""
+    if hasattr(value, "total_seconds"):
+        value = value.total_seconds()
+    seconds = number(value)
+    if seconds is None or seconds < 0:
+        return DASH
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    if minutes:
+        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
+    return f"{secs} s"
+
+
+@register.filter
+def flag_value(value) -> str:
+    """An engine flag's value as written on a command line: true/false, lists and tables as
+    JSON, text as it is."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return DASH
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(value)
+    return str(value)

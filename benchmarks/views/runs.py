@@ -13,6 +13,12 @@ from django.views.decorators.http import require_POST
 from benchmarks.forms.runs import RunForm
 from benchmarks.models import BenchmarkRun, LoadProfile, RunRequestLog
 from benchmarks.services import runs as services
+from benchmarks.services.results import (
+    LATENCY_COLUMNS,
+    error_causes,
+    latency_rows,
+    status_badge,
+)
 from benchmarks.services.runs import RunRefused
 from benchmarks.services.timeline import (
     BACKFILL_PAGE,
@@ -72,11 +78,13 @@ def run_timeline(request, pk):
     if not math.isfinite(since):
         return JsonResponse({"error": "since must be a number of seconds"}, status=400)
     points, more = points_after(run, since=since, limit=BACKFILL_PAGE)
+    badge = status_badge(run)
     return JsonResponse(
         {
             "status": run.status,
-            "label": run.get_status_display(),
-            "colour": run.status_choice.colour,
+            "label": badge.label,
+            "colour": badge.colour,
+            "title": badge.title,
             "finished": run.is_finished,
             "cancel_requested": run.cancel_requested,
             "progress": run.progress,
@@ -128,6 +136,9 @@ def _context(run: BenchmarkRun) -> dict:
         "stages": run.stages or {},
         "server": run.server or {},
         "errors": (run.summary or {}).get("errors_by_class") or {},
+        "causes": error_causes(run),
+        "latencies": latency_rows(run.summary),
+        "latency_columns": [label for label, _ in LATENCY_COLUMNS],
         # exists(), not run.request_log: that would read the whole blob.
         "has_log": RunRequestLog.objects.filter(run=run).exists(),
     }
