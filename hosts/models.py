@@ -611,6 +611,11 @@ class EngineOperation(BackgroundOperation):
     )
     outcome = models.CharField(max_length=16, choices=OperationOutcome.choices, blank=True)
     engine_log = models.TextField(blank=True, help_text="The engine's own last output lines.")
+    note = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="Why it ran, when more than a plain apply: a rollback says so, and why.",
+    )
 
     class Meta(BackgroundOperation.Meta):
         constraints = [

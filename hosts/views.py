@@ -161,7 +161,7 @@ def _context(host: Host) -> dict:
         "gpus": gpus,
         "deployments": deployments,
         "operations": EngineOperation.objects.filter(deployment__host=host).select_related(
-            "deployment", "config", "requested_by"
+            "deployment", "config", "previous_config", "requested_by"
         )[:10],
         "checks": _recent_checks(host),
         "numa": _numa(host, gpus, deployments),

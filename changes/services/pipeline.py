@@ -162,7 +162,13 @@ def _request_rollback(change: ChangeRequest, snapshot, reason: str):
     record_stage(change, Stage.ROLLBACK, StageStatus.STARTED, message)
     try:
         operation = host_operations.request_operation(
-            None, change.deployment, "apply", snapshot, enqueue=False, owner=change
+            None,
+            change.deployment,
+            "apply",
+            snapshot,
+            enqueue=False,
+            owner=change,
+            note=f"Rollback to v{snapshot.version} (change #{change.pk}: {reason})",
         )
     except host_operations.OperationRefused as exc:
         message = f"{reason}; the rollback could not start: {exc}"

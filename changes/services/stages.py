@@ -271,13 +271,27 @@ class Restart(PipelineStage):
         self.record(change, StageStatus.STARTED, f"v{config.version}")
         try:
             operation = host_operations.request_operation(
-                change.applied_by, change.deployment, "apply", config, enqueue=False, owner=change
+                change.applied_by,
+                change.deployment,
+                "apply",
+                config,
+                enqueue=False,
+                owner=change,
+                note=_operation_note(change, config),
             )
         except host_operations.OperationRefused as exc:
             raise StageFailed(f"{exc} Nothing was changed.", rollback=False) from None
         change.operation = operation
         change.save(update_fields=["operation"])
         return operation
+
+
+def _operation_note(change, config) -> str:
+    # A rollback change's apply is a rollback on the host page too, not a plain apply.
+    if change.kind != ChangeKind.ROLLBACK:
+        return ""
+    why = (change.rationale or "").strip().splitlines()
+    return f"Rollback to v{config.version} (change #{change.pk}: {why[0] if why else 'proposed'})"
 
 
 class Health(PipelineStage):

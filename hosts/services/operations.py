@@ -35,13 +35,15 @@ def request_operation(
     *,
     enqueue: bool = True,
     owner=None,
+    note: str = "",
 ) -> EngineOperation:
     """Queue an apply or restart when nothing else uses the engine (``occupancy``: another
     operation, a benchmark measuring it, a change holding its lock), under a row lock on the
     deployment, the table's partial unique constraint behind it; the worker picks it up once
     this transaction commits. ``owner``: the holder asking for it (a change's pipeline
     restarting its own deployment). ``enqueue=False`` only records the row, for a caller
-    already on a worker that runs it itself (``run_operation``), such as that pipeline."""
+    already on a worker that runs it itself (``run_operation``), such as that pipeline.
+    ``note``: why it runs, shown as its label (a rollback names itself and its reason)."""
     purpose = occupancy.Purpose.APPLY if kind == OperationKind.APPLY else occupancy.Purpose.RESTART
     try:
         with transaction.atomic():
@@ -57,6 +59,7 @@ def request_operation(
                 config=config,
                 previous_config=deployment.active_config,
                 requested_by=actor,
+                note=note[:200],
             )
             audit(
                 actor,
