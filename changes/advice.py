@@ -333,3 +333,92 @@ def _round(value):
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return None
     return round(value, 2) if isinstance(value, float) else value
+
+
+# --- predicted harm, as warnings ---------------------------------------------------------------
+# A predicted change at least this large (signed: + for a time, − for a rate) is harm a
+# reviewer must read before approving, at the top of the page with the warnings, not only in
+# a stage table below the fold. One definition: the preview, the stored warnings and the
+# change page all read it.
+PREDICTED_HARM = {
+    "ttft_p95_ms": 0.20,
+    "itl_p95_ms": 0.20,
+    "output_throughput": -0.10,
+}
+# The codes of the warnings derived from the prediction (recomputed from it, never stale).
+PREDICTION_CODES = frozenset({"would_not_start", "predicted_regression"})
+
+
+def start_failures(prediction: Mapping | None) -> list[tuple[str, str]]:
+    """``(stage, the engine's message)`` for each stage of a prediction in which the proposed
+    config would not start (the simulator raised the real engine's startup error)."""
+    if not prediction or not prediction.get("available"):
+        return []
+    return [
+        (stage["stage"], stage["after_error"])
+        for stage in prediction.get("stages", ())
+        if stage.get("after_error")
+    ]
+
+
+def _shown(value, unit: str) -> str:
+    if value is None:
+        return "—"
+    number = f"{value:,.1f}" if unit == "ms" else f"{value:,.0f}"
+    return f"{number} {unit}".strip()
+
+
+def _harmful(key: str, change) -> bool:
+    limit = PREDICTED_HARM.get(key)
+    if limit is None or change is None:
+        return False
+    return change >= limit if limit > 0 else change <= limit
+
+
+def prediction_warnings(prediction: Mapping | None) -> list[Warning]:
+    """Warnings from a prediction (``predicted_impact``'s result): a proposed config the engine
+    would refuse to start, then each metric predicted worse than ``PREDICTED_HARM`` with every
+    stage where it is, and its numbers."""
+    warnings = []
+    failures = start_failures(prediction)
+    if failures:
+        stages = ", ".join(stage for stage, _ in failures)
+        error = failures[0][1].strip()
+        error += "" if error.endswith((".", "!", "?")) else "."
+        warnings.append(
+            Warning(
+                "would_not_start",
+                f"The simulator predicts the engine would refuse to start with the proposed "
+                f"config (stage {stages}): {error} Approving it needs an Admin's "
+                "written override.",
+            )
+        )
+    if not prediction or not prediction.get("available"):
+        return warnings
+    found: dict[str, list[str]] = {}
+    labels = {}
+    for stage in prediction.get("stages", ()):
+        for m in stage.get("metrics", ()):
+            if _harmful(m["key"], m.get("change")):
+                labels[m["key"]] = m["label"]
+                found.setdefault(m["key"], []).append(
+                    f"{stage['stage']} {m['change'] * 100:+.0f} % "
+                    f"({_shown(m['before'], m['unit'])} → {_shown(m['after'], m['unit'])})"
+                )
+    for key, limit in PREDICTED_HARM.items():
+        if key in found:
+            warnings.append(
+                Warning(
+                    "predicted_regression",
+                    f"Predicted {labels[key]} worse: {'; '.join(found[key])}. Warned at "
+                    f"{limit * 100:+.0f} % or worse.",
+                )
+            )
+    return warnings
+
+
+def with_prediction_warnings(warnings: Iterable[Mapping], prediction: Mapping | None) -> list:
+    """Stored warnings (dicts) with those of the prediction recomputed and listed first: a
+    change proposed before these warnings existed shows them too, and none is listed twice."""
+    kept = [dict(w) for w in warnings if w.get("code") not in PREDICTION_CODES]
+    return [w.to_dict() for w in prediction_warnings(prediction)] + kept

@@ -14,7 +14,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 
-from changes import views_advisor
+from changes import advice, views_advisor
 from changes.choices import LOCK_STATES, ChangeKind, Decision
 from changes.forms import ChangeFilterForm, CommentForm, ProposeForm, RollbackForm
 from changes.models import ChangeRequest
@@ -28,6 +28,7 @@ PARTS = {
     "actions": "changes/_actions.html",
     "status": "changes/_status.html",
     "facts": "changes/_facts.html",
+    "warnings": "changes/_warnings.html",
 }
 DETAIL_SELECT = (
     "deployment__host",
@@ -160,6 +161,8 @@ def _context(request, change: ChangeRequest) -> dict:
         "lock": apply.lock_holder(change.deployment),
         "alive": change.pipeline_alive(),
         "comparison": change.comparison or None,
+        # Stored warnings plus the prediction's harm, recomputed (advice.PREDICTED_HARM).
+        "warnings": advice.with_prediction_warnings(change.warnings, change.prediction),
     }
 
 

@@ -133,7 +133,9 @@ def review_facts(
         prediction["profile"] = str(profile)
     return {
         "diff": diff,
-        "warnings": [w.to_dict() for w in warnings],
+        # The prediction's harm (a config that would not start, a regression past
+        # advice.PREDICTED_HARM) is a warning too, listed first.
+        "warnings": advice.with_prediction_warnings([w.to_dict() for w in warnings], prediction),
         "prediction": prediction,
         "quality": quality_facts(deployment, diff),
     }
