@@ -11,7 +11,8 @@ failure is ``PermissionDenied``, a 403) and a *when* rule (the change's state: a
 - ``changes.apply_changerequest``: apply approved changes, rebase, roll back or resume a change
   being applied (Operators and up);
 - ``changes.override_changerequest``: act as the proposer on someone else's change: submit,
-  withdraw (Admins);
+  withdraw; approve a change the simulator predicts would not start, with a written reason
+  (``approve_override``) (Admins);
 - ``changes.load_code_changerequest``: propose or approve a change that turns on a flag that
   makes the engine load code (``trust_remote_code``: the model repository's Python runs on
   the GPU server) (Admins).
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from django.core.exceptions import PermissionDenied
 from django.utils import timezone
 
+from changes.advice import start_failures
 from changes.choices import ChangeState
 from hosts.engines import get_spec
 
@@ -130,7 +132,31 @@ def _may_apply(user, change) -> str | None:
     return None if user.has_perm(APPLY) else "Only Operators and up apply changes."
 
 
+def _may_override_start(user, change) -> str | None:
+    """Approving a change predicted not to start: an Admin who may approve it anyway."""
+    if not user.has_perm(OVERRIDE):
+        return (
+            f"The simulator predicts change #{change.pk} would not start: only an Admin may "
+            "approve it, with a written reason."
+        )
+    return _may_approve(user, change)
+
+
 # --- when --------------------------------------------------------------------------------------
+def start_problem(change) -> str | None:
+    """Why a change cannot be approved plainly: the simulator predicts the engine would
+    refuse to start with it (``advice.start_failures``). The approve button, the override
+    form and ``approve_change`` all read this one rule."""
+    failures = start_failures(change.prediction)
+    if not failures:
+        return None
+    stage, error = failures[0]
+    return (
+        f"The simulator predicts the engine would refuse to start with this config (stage "
+        f"{stage}: {error}). Fix the proposal, or an Admin approves it with a written reason."
+    )
+
+
 def _fresh(change) -> str | None:
     return stale_message(change) if change.is_stale() else None
 
@@ -146,6 +172,20 @@ def _reviewable(change) -> str | None:
             "approved or rejected."
         )
     return _fresh(change)
+
+
+def _approvable(change) -> str | None:
+    return _reviewable(change) or start_problem(change)
+
+
+def _overridable(change) -> str | None:
+    """Only a change held back by a predicted start failure needs (or allows) an override."""
+    problem = _reviewable(change)
+    if problem:
+        return problem
+    if start_problem(change) is None:
+        return f"Change #{change.pk} is not predicted to fail to start: approve it plainly."
+    return None
 
 
 def _withdrawable(change) -> str | None:
@@ -198,7 +238,8 @@ class Rule:
 RULES: dict[str, Rule] = {
     "comment": Rule(_may_comment, _always),
     "submit": Rule(_proposer_or_override("submit"), _submittable),
-    "approve": Rule(_may_approve, _reviewable),
+    "approve": Rule(_may_approve, _approvable),
+    "approve_override": Rule(_may_override_start, _overridable),
     "reject": Rule(_may_review, _reviewable),
     "withdraw": Rule(_proposer_or_override("withdraw"), _withdrawable),
     "rebase": Rule(_may_rebase, _rebasable),

@@ -13,6 +13,7 @@ urlpatterns = [
     # Actions: each a POST of its own (CSRF, audit), back to the change's page.
     path("<int:pk>/submit/", views.change_submit, name="submit"),
     path("<int:pk>/approve/", views.change_approve, name="approve"),
+    path("<int:pk>/approve-override/", views.change_approve_override, name="approve_override"),
     path("<int:pk>/reject/", views.change_reject, name="reject"),
     path("<int:pk>/withdraw/", views.change_withdraw, name="withdraw"),
     path("<int:pk>/comment/", views.change_comment, name="comment"),

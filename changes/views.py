@@ -15,10 +15,10 @@ from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 
 from changes import advice, views_advisor
-from changes.choices import LOCK_STATES, ChangeKind, Decision
+from changes.choices import LOCK_STATES, ChangeKind, ChangeState, Decision
 from changes.forms import ChangeFilterForm, CommentForm, ProposeForm, RollbackForm
 from changes.models import ChangeRequest
-from changes.rules import APPLY, ChangeRefused
+from changes.rules import APPLY, OVERRIDE, ChangeRefused, start_problem
 from changes.services import apply, config_history, facts, review, timeline
 from controlpanel.services import redact
 from hosts.models import Deployment, EngineConfig
@@ -163,6 +163,7 @@ def _context(request, change: ChangeRequest) -> dict:
         "comparison": change.comparison or None,
         # Stored warnings plus the prediction's harm, recomputed (advice.PREDICTED_HARM).
         "warnings": advice.with_prediction_warnings(change.warnings, change.prediction),
+        "start_problem": start_problem(change) if change.state == ChangeState.PENDING else None,
     }
 
 
@@ -224,6 +225,20 @@ def change_submit(request, pk):
 @permission_required("changes.approve_changerequest", raise_exception=True)
 def change_approve(request, pk):
     return _act(request, pk, review.approve_change, "You approved change #{pk}.", text="")
+
+
+@require_POST
+@permission_required(OVERRIDE, raise_exception=True)
+def change_approve_override(request, pk):
+    """An Admin approves a change predicted not to start; the reason (the comment) is required
+    and audited by the service."""
+    return _act(
+        request,
+        pk,
+        review.override_start_and_approve,
+        "You approved change #{pk} despite the predicted start failure.",
+        text="",
+    )
 
 
 @require_POST

@@ -148,7 +148,19 @@ def submit_change(actor, change: ChangeRequest) -> ChangeRequest:
 
 
 def approve_change(actor, change: ChangeRequest, comment: str = "") -> ChangeRequest:
+    """Approve; refused (``rules.start_problem``) when the simulator predicts the change would
+    not start: that needs ``override_start_and_approve``."""
     return _decide(actor, change, Decision.APPROVE, comment)
+
+
+def override_start_and_approve(actor, change: ChangeRequest, reason: str) -> ChangeRequest:
+    """An Admin approves a change the simulator predicts would not start, saying why (the
+    prediction may be wrong for this engine build); the override and its reason are audited
+    on the change's timeline before the approval."""
+    reason = reason.strip()
+    if not reason:
+        raise ChangeRefused("Say why you approve a change predicted not to start.")
+    return _decide(actor, change, Decision.APPROVE, reason, override=True)
 
 
 def reject_change(actor, change: ChangeRequest, comment: str) -> ChangeRequest:
@@ -157,12 +169,21 @@ def reject_change(actor, change: ChangeRequest, comment: str) -> ChangeRequest:
     return _decide(actor, change, Decision.REJECT, comment)
 
 
-def _decide(actor, change: ChangeRequest, decision: Decision, comment: str) -> ChangeRequest:
+def _decide(
+    actor, change: ChangeRequest, decision: Decision, comment: str, *, override: bool = False
+) -> ChangeRequest:
     with transaction.atomic():
         change = locked(change)
-        rules.require(decision.value, actor, change)
+        rules.require("approve_override" if override else decision.value, actor, change)
         if change.current_approvals().filter(reviewer=actor).exists():
             raise ChangeRefused("You already reviewed this version of the change.")
+        if override:
+            record(
+                actor,
+                change,
+                "start_override",
+                after={"text": comment, "problem": rules.start_problem(change)},
+            )
         Approval.objects.create(
             change=change,
             reviewer=actor,

@@ -30,6 +30,7 @@ NOTIFY_ON = {
 TITLES = {
     "propose": "Proposed",
     "approve": "Approved",
+    "start_override": "Predicted start failure overridden",
     "reject": "Rejected",
     "comment": "Comment",
     "rebase": "Rebased onto the running config",
