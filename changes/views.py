@@ -19,7 +19,7 @@ from changes.choices import LOCK_STATES, ChangeKind, ChangeState, Decision
 from changes.forms import ChangeFilterForm, CommentForm, ProposeForm, RollbackForm
 from changes.models import ChangeRequest
 from changes.rules import APPLY, OVERRIDE, ChangeRefused, start_problem
-from changes.services import apply, config_history, facts, review, timeline
+from changes.services import apply, config_history, facts, progress, review, timeline
 from controlpanel.services import redact
 from hosts.models import Deployment, EngineConfig
 
@@ -28,6 +28,7 @@ PARTS = {
     "actions": "changes/_actions.html",
     "status": "changes/_status.html",
     "facts": "changes/_facts.html",
+    "progress": "changes/_progress.html",
     "warnings": "changes/_warnings.html",
 }
 DETAIL_SELECT = (
@@ -164,6 +165,7 @@ def _context(request, change: ChangeRequest) -> dict:
         # Stored warnings plus the prediction's harm, recomputed (advice.PREDICTED_HARM).
         "warnings": advice.with_prediction_warnings(change.warnings, change.prediction),
         "start_problem": start_problem(change) if change.state == ChangeState.PENDING else None,
+        "progress": progress.progress(change),
     }
 
 
@@ -199,7 +201,9 @@ def change_timeline(request, pk):
 
 
 # --- actions: each a POST that calls one verb and goes back to the change ----------------------
-def _act(request, pk, verb, done: str, *, text: str | None = None):
+def _act(request, pk, verb, done: str | None, *, text: str | None = None):
+    """``done``: the flash after it worked; None where the page's progress block says it from
+    the change's state (a one-shot "being applied" would outlive the apply on a live page)."""
     change = get_object_or_404(ChangeRequest, pk=pk)
     form = CommentForm(request.POST)
     if not form.is_valid():
@@ -211,7 +215,8 @@ def _act(request, pk, verb, done: str, *, text: str | None = None):
     except ChangeRefused as exc:
         messages.error(request, str(exc))
     else:
-        messages.success(request, done.format(pk=change.pk))
+        if done:
+            messages.success(request, done.format(pk=change.pk))
     return redirect(change)
 
 
@@ -268,19 +273,19 @@ def change_rebase(request, pk):
 @require_POST
 @permission_required(APPLY, raise_exception=True)
 def change_apply(request, pk):
-    return _act(request, pk, apply.apply_change, "Change #{pk} is being applied.")
+    return _act(request, pk, apply.apply_change, None)
 
 
 @require_POST
 @permission_required(APPLY, raise_exception=True)
 def change_resume(request, pk):
-    return _act(request, pk, apply.resume_change, "The pipeline of change #{pk} resumed.")
+    return _act(request, pk, apply.resume_change, None)
 
 
 @require_POST
 @permission_required(APPLY, raise_exception=True)
 def change_rollback(request, pk):
-    return _act(request, pk, apply.request_rollback, "Rollback of change #{pk} requested.", text="")
+    return _act(request, pk, apply.request_rollback, None, text="")
 
 
 # --- config history ----------------------------------------------------------------------------

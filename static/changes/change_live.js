@@ -76,6 +76,11 @@
 
     function state(data) {
       if (!badge || !data.state) return;
+      // A flash ("You approved change #1.") told what the page looked like when it loaded;
+      // once the state moves on it is history (the timeline keeps it), so it goes.
+      if (badge.dataset.changeState !== data.state) {
+        document.querySelectorAll(".flash[role='status']").forEach(function (flash) { flash.remove(); });
+      }
       badge.dataset.changeState = data.state;
       badge.textContent = data.label || data.state;
       badge.className = "badge " + (data.colour || "grey");

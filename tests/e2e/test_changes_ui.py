@@ -76,6 +76,9 @@ def test_propose_approve_apply_and_watch_the_timeline(panel, browser):
     reviewer.wait_for_selector("[data-change-state=approved]", timeout=15000)
     reviewer.get_by_test_id("apply-change").click()
     reviewer.wait_for_selector("[data-change-state=applying]", timeout=15000)
+    # The top of the page says it from the state, not a flash that would outlive it.
+    assert "being applied" not in reviewer.inner_text("main")
+    assert reviewer.get_by_test_id("change-progress").get_attribute("data-running") == "true"
 
     # --- the proposer's page follows live ----------------------------------------------------
     try:
@@ -96,6 +99,8 @@ def test_propose_approve_apply_and_watch_the_timeline(panel, browser):
         proposer.wait_for_selector(
             "[data-change-state=applied], [data-change-state=unverified]", timeout=15000
         )
+        # The progress block at the top followed the state live, and stopped refreshing.
+        proposer.wait_for_selector("[data-testid=change-progress][data-running=false]")
     except Exception:
         raise panel.failure(proposer, "the timeline did not reach 'done' live") from None
     assert proposer.evaluate("() => window.__noReload === true"), "the page was reloaded"
