@@ -13,6 +13,7 @@ from changes.choices import Stage, StageStatus
 from changes.models import Approval, ChangeRequest
 from changes.services import review, timeline
 from controlpanel.models import AuditEntry
+from hosts.models import EngineOperation
 from tests.factories import make_config, make_deployment, make_host, make_profile
 
 pytestmark = pytest.mark.django_db
@@ -364,6 +365,15 @@ def test_propose_a_rollback_to_an_earlier_version(operator, deployment, token_fo
     first = deployment.active_config
     deployment.active_config = make_config(deployment, {**RUNNING, "max_num_seqs": 96})
     deployment.save()
+    # v1 ran until v2 was applied over it: a version that ran healthy, a rollback target.
+    EngineOperation.objects.create(
+        deployment=deployment,
+        kind="apply",
+        config=deployment.active_config,
+        previous_config=first,
+        status="succeeded",
+        outcome="ready",
+    )
     api = token_for(operator)
     path = f"{LIST}propose-rollback/"
     answer = api.post(path, {"config": first.pk, "rationale": "v1 was faster."}, format="json")
