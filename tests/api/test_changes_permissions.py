@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 
 from changes.models import ChangeRequest
 from controlpanel.models import AuditEntry
+from hosts.models import EngineOperation
 from tests.factories import make_config, make_deployment, make_host
 
 pytestmark = pytest.mark.django_db
@@ -53,6 +54,15 @@ def world(django_user_model):
     older = make_config(deployment, {"max_num_seqs": 32})
     deployment.active_config = make_config(deployment, {"max_num_seqs": 64})
     deployment.save()
+    # The older version ran until the newer was applied over it: a rollback target.
+    EngineOperation.objects.create(
+        deployment=deployment,
+        kind="apply",
+        config=deployment.active_config,
+        previous_config=older,
+        status="succeeded",
+        outcome="ready",
+    )
     stranger = django_user_model.objects.create_user("sam-stranger")
 
     def change(state: str) -> int:

@@ -72,6 +72,9 @@ MATRIX = [
     # Only the proposer (or an Admin) submits or withdraws: the change here has no proposer.
     ("changes:submit", "post", ["admin"]),
     ("changes:approve", "post", ["approver", "admin"]),
+    # Approving a change predicted not to start: Admins only (this one is not, so the
+    # Admin's post is refused politely with a message: a redirect).
+    ("changes:approve_override", "post", ["admin"]),
     ("changes:reject", "post", ["approver", "admin"]),
     ("changes:withdraw", "post", ["admin"]),
     ("changes:comment", "post", OPERATORS),
@@ -147,6 +150,7 @@ ARGS = {
     "changes:part": lambda o: [_change(o), "actions"],
     "changes:submit": lambda o: [_change(o)],
     "changes:approve": lambda o: [_change(o)],
+    "changes:approve_override": lambda o: [_change(o)],
     "changes:reject": lambda o: [_change(o)],
     "changes:withdraw": lambda o: [_change(o)],
     "changes:comment": lambda o: [_change(o)],
