@@ -43,6 +43,8 @@ from controlpanel.services import redact
 from hosts.engines.launch import LaunchError
 
 VIEW = "changes.view_changerequest"
+# The change page's override button's permission (changes/views.py change_approve_override).
+OVERRIDE = "changes.override_changerequest"
 # The list's query string: the page's filter form, plus the pages of the answer.
 LIST_PARAMS = {"page", "page_size", "format"}
 
@@ -144,6 +146,7 @@ class ChangeViewSet(TokenAuditMixin, viewsets.GenericViewSet):
         "propose_rollback": PROPOSE,
         "submit": PROPOSE,
         "approve": APPROVE,
+        "approve_override": OVERRIDE,
         "reject": APPROVE,
         "withdraw": PROPOSE,
         "comment": PROPOSE,
@@ -299,6 +302,26 @@ class ChangeViewSet(TokenAuditMixin, viewsets.GenericViewSet):
     def approve(self, request, pk=None):
         return self._act(
             request, review.approve_change, ChangeCommentBodySerializer, field="comment"
+        )
+
+    @extend_schema(
+        summary="Approve a change predicted not to start (Admins, not your own), saying why",
+        description=(
+            "The simulator predicts the proposed config would not start, so a plain approve is "
+            "refused (409). An Admin who knows better (the prediction may be wrong for this "
+            "engine build) approves it with a written reason, recorded on the change's timeline "
+            "as 'Predicted start failure overridden' before the approval."
+        ),
+        request=ChangeRequiredReasonSerializer,
+        responses=ACTION_RESPONSES,
+    )
+    @action(detail=True, methods=["post"], url_path="approve-override")
+    def approve_override(self, request, pk=None):
+        return self._act(
+            request,
+            review.override_start_and_approve,
+            ChangeRequiredReasonSerializer,
+            field="reason",
         )
 
     @extend_schema(
