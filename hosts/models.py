@@ -31,6 +31,9 @@ from hosts.choices import (
 from hosts.credentials import CredentialBinding
 from hosts.engines.launch import LaunchConfig, Placement
 
+# Re-exported: telemetry rows live in their own module, named from here as before.
+from hosts.models_telemetry import GpuSample, GpuSampleMinute  # noqa: F401
+
 # Re-exported: the migrations name the validators by this module.
 from hosts.validators import (  # noqa: F401
     LABEL_KEY,
@@ -258,60 +261,6 @@ class Gpu(models.Model):
     @property
     def throttle_reasons(self) -> list[str]:
         return clock_events(self.last_sample.get("throttle_reasons"))
-
-
-class GpuSample(models.Model):
-    """One telemetry reading of one GPU (about every second); kept for an hour, then folded
-    into ``GpuSampleMinute``."""
-
-    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="samples")
-    time = models.DateTimeField()
-    utilization_pct = models.FloatField(null=True)
-    memory_used_bytes = models.PositiveBigIntegerField(null=True)
-    power_w = models.FloatField(null=True)
-    power_limit_w = models.FloatField(null=True)
-    temperature_c = models.FloatField(null=True)
-    sm_clock_mhz = models.PositiveIntegerField(null=True)
-    mem_clock_mhz = models.PositiveIntegerField(null=True)
-    clocks_event_reasons = models.BigIntegerField(null=True)
-    pcie_tx_kbps = models.FloatField(null=True)
-    pcie_rx_kbps = models.FloatField(null=True)
-
-    class Meta:
-        ordering = ["gpu", "time"]
-        indexes = [models.Index(fields=["gpu", "time"]), models.Index(fields=["time"])]
-
-    def __str__(self) -> str:
-        return f"{self.gpu} @ {self.time:%H:%M:%S}"
-
-
-class GpuSampleMinute(models.Model):
-    """One minute of a GPU's telemetry, aggregated from the 1-second samples; kept 30 days."""
-
-    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="minutes")
-    minute = models.DateTimeField()
-    samples = models.PositiveIntegerField()
-    utilization_avg = models.FloatField(null=True)
-    utilization_max = models.FloatField(null=True)
-    memory_used_max = models.PositiveBigIntegerField(null=True)
-    power_avg = models.FloatField(null=True)
-    power_max = models.FloatField(null=True)
-    temperature_max = models.FloatField(null=True)
-    sm_clock_avg = models.FloatField(null=True)
-    sm_clock_min = models.PositiveIntegerField(null=True)
-    throttled_samples = models.PositiveIntegerField(
-        default=0, help_text="Samples with a clock-event reason other than idle."
-    )
-
-    class Meta:
-        ordering = ["gpu", "minute"]
-        constraints = [
-            models.UniqueConstraint(fields=["gpu", "minute"], name="gpusampleminute_unique")
-        ]
-        indexes = [models.Index(fields=["minute"])]
-
-    def __str__(self) -> str:
-        return f"{self.gpu} @ {self.minute:%Y-%m-%d %H:%M}"
 
 
 class Deployment(models.Model):

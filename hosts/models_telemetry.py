@@ -1,0 +1,80 @@
+"""Telemetry rows: 1-second GPU samples and their 1-minute aggregates.
+
+A module of its own so ``hosts.models`` stays readable; ``hosts.models`` re-exports both
+classes, so ``from hosts.models import GpuSample`` keeps working everywhere."""
+
+from __future__ import annotations
+
+from django.db import models
+
+# NVML's clock-event (throttle) reasons that slow a busy GPU, by the bit NVML sets for each
+# (nvmlClocksEventReason*; REFERENCE.md). Idle (0x1) is left out: a GPU with no work
+# clocking down is no throttle. Each has a per-minute sample count on ``GpuSampleMinute``,
+# so the long-range charts can show the share of time each was active.
+THROTTLE_REASONS = (
+    # (field suffix, NVML bit, words for people)
+    ("sw_power_cap", 0x4, "SW power cap"),
+    ("hw_slowdown", 0x8, "HW slowdown"),
+    ("sync_boost", 0x10, "Sync boost"),
+    ("sw_thermal", 0x20, "SW thermal slowdown"),
+    ("hw_thermal", 0x40, "HW thermal slowdown"),
+    ("power_brake", 0x80, "HW power brake"),
+)
+
+
+class GpuSample(models.Model):
+    """One telemetry reading of one GPU (about every second); kept for an hour, then folded
+    into ``GpuSampleMinute``."""
+
+    gpu = models.ForeignKey("hosts.Gpu", on_delete=models.CASCADE, related_name="samples")
+    time = models.DateTimeField()
+    utilization_pct = models.FloatField(null=True)
+    memory_used_bytes = models.PositiveBigIntegerField(null=True)
+    power_w = models.FloatField(null=True)
+    power_limit_w = models.FloatField(null=True)
+    temperature_c = models.FloatField(null=True)
+    sm_clock_mhz = models.PositiveIntegerField(null=True)
+    mem_clock_mhz = models.PositiveIntegerField(null=True)
+    clocks_event_reasons = models.BigIntegerField(null=True)
+    pcie_tx_kbps = models.FloatField(null=True)
+    pcie_rx_kbps = models.FloatField(null=True)
+
+    class Meta:
+        app_label = "hosts"
+        ordering = ["gpu", "time"]
+        indexes = [models.Index(fields=["gpu", "time"]), models.Index(fields=["time"])]
+
+    def __str__(self) -> str:
+        return f"{self.gpu} @ {self.time:%H:%M:%S}"
+
+
+class GpuSampleMinute(models.Model):
+    """One minute of a GPU's telemetry, aggregated from the 1-second samples; kept
+    ``TELEMETRY_MINUTE_RETENTION_DAYS`` (30 by default), the source of the 24 h and 7 d
+    charts."""
+
+    gpu = models.ForeignKey("hosts.Gpu", on_delete=models.CASCADE, related_name="minutes")
+    minute = models.DateTimeField()
+    samples = models.PositiveIntegerField()
+    utilization_avg = models.FloatField(null=True)
+    utilization_max = models.FloatField(null=True)
+    memory_used_max = models.PositiveBigIntegerField(null=True)
+    power_avg = models.FloatField(null=True)
+    power_max = models.FloatField(null=True)
+    temperature_max = models.FloatField(null=True)
+    sm_clock_avg = models.FloatField(null=True)
+    sm_clock_min = models.PositiveIntegerField(null=True)
+    throttled_samples = models.PositiveIntegerField(
+        default=0, help_text="Samples with a clock-event reason other than idle."
+    )
+
+    class Meta:
+        app_label = "hosts"
+        ordering = ["gpu", "minute"]
+        constraints = [
+            models.UniqueConstraint(fields=["gpu", "minute"], name="gpusampleminute_unique")
+        ]
+        indexes = [models.Index(fields=["minute"])]
+
+    def __str__(self) -> str:
+        return f"{self.gpu} @ {self.minute:%Y-%m-%d %H:%M}"
