@@ -179,6 +179,8 @@ def _apply(trial: SweepTrial, lane: SweepLane) -> None:
             config if kind == "apply" else None,
             enqueue=False,
             owner=sweep,
+            # The host page labels it, so a trial's temporary config is not read as a change.
+            note=f"Sweep #{sweep.pk} trial {trial.index} (temporary config)",
         )
     except host_operations.OperationRefused as exc:
         raise TrialBroken(f"could not restart the engine: {exc}") from None
@@ -378,7 +380,13 @@ def restore(lane: SweepLane, *, keep_lane: bool = False) -> None:
         return
     try:
         operation = host_operations.request_operation(
-            lane.sweep.created_by, deployment, "apply", original, enqueue=False, owner=lane.sweep
+            lane.sweep.created_by,
+            deployment,
+            "apply",
+            original,
+            enqueue=False,
+            owner=lane.sweep,
+            note=f"Restore v{original.version} after sweep #{lane.sweep_id}",
         )
     except host_operations.OperationRefused as exc:
         return _end_lane(lane, LaneState.FAILED, f"could not restore v{original.version}: {exc}")

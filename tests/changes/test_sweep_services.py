@@ -309,3 +309,26 @@ def test_the_control_winning_cannot_be_proposed(operator, deployment):
     assert "already the best" in sweep.outcome
     with pytest.raises(SweepRefused, match="nothing to change"):
         sweeps.propose_winner(operator, sweep)
+
+
+def test_restoring_the_original_config_is_labelled_as_the_sweeps_restore(operator, deployment):
+    """The host page lists engine operations by their note: a sweep's way back says what it is,
+    not a bare 'Apply config v1' that reads like a change."""
+    sweep = started(operator, predicted(operator, deployment))
+    lane = sweep.lanes.get()
+    original = lane.original_config
+    trial_config = make_config(deployment, {**BASE, "max_num_seqs": 16})
+    deployment.active_config = trial_config
+    deployment.save()
+
+    def ready(operation):
+        operation.outcome = "ready"
+        return operation
+
+    with mock.patch.object(sweep_trials, "run_inline", side_effect=ready):
+        sweep_trials.restore(lane)
+    lane.refresh_from_db()
+    operation = lane.restore_operation
+    assert operation.config_id == original.pk
+    assert operation.note == f"Restore v{original.version} after sweep #{sweep.pk}"
+    assert lane.state == LaneState.RESTORED
