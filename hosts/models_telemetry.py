@@ -61,12 +61,30 @@ class GpuSampleMinute(models.Model):
     memory_used_max = models.PositiveBigIntegerField(null=True)
     power_avg = models.FloatField(null=True)
     power_max = models.FloatField(null=True)
+    power_limit_max = models.FloatField(null=True)
     temperature_max = models.FloatField(null=True)
     sm_clock_avg = models.FloatField(null=True)
     sm_clock_min = models.PositiveIntegerField(null=True)
+    sm_clock_max = models.PositiveIntegerField(null=True)
+    mem_clock_avg = models.FloatField(null=True)
+    pcie_tx_avg = models.FloatField(null=True, help_text="kB/s")
+    pcie_tx_max = models.FloatField(null=True, help_text="kB/s")
+    pcie_rx_avg = models.FloatField(null=True, help_text="kB/s")
+    pcie_rx_max = models.FloatField(null=True, help_text="kB/s")
     throttled_samples = models.PositiveIntegerField(
         default=0, help_text="Samples with a clock-event reason other than idle."
     )
+    # The denominator of the per-reason shares: a driver that does not report reasons
+    # leaves samples without a mask, which are neither throttled nor not.
+    reason_samples = models.PositiveIntegerField(
+        default=0, help_text="Samples that reported their clock-event reasons."
+    )
+    throttle_sw_power_cap = models.PositiveIntegerField(default=0)
+    throttle_hw_slowdown = models.PositiveIntegerField(default=0)
+    throttle_sync_boost = models.PositiveIntegerField(default=0)
+    throttle_sw_thermal = models.PositiveIntegerField(default=0)
+    throttle_hw_thermal = models.PositiveIntegerField(default=0)
+    throttle_power_brake = models.PositiveIntegerField(default=0)
 
     class Meta:
         app_label = "hosts"

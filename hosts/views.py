@@ -12,7 +12,8 @@ from django.views.decorators.http import require_POST
 
 from hosts.choices import OperationKind
 from hosts.forms import HostForm
-from hosts.models import Deployment, EngineOperation, Gpu, GpuSample, Host, HostCheck
+from hosts.models import Deployment, EngineOperation, Gpu, Host, HostCheck
+from hosts.services import telemetry_series
 from hosts.services.checks import request_host_check
 from hosts.services.hosts import HostChangeRefused, accept_host_key, create_host, update_host
 from hosts.services.operations import OperationRefused, request_operation
@@ -58,9 +59,16 @@ def host_checks(request, pk):
 
 @permission_required("hosts.view_host", raise_exception=True)
 def host_telemetry(request, pk):
-    """Samples since ``?since=`` (ISO time; at most the last 10 minutes): the live charts'
-    backfill after a dropped socket."""
+    """The charts' data: ``?range=10m|1h|24h|7d`` or a zoomed ``?start=&end=`` (ms), or
+    with ``?since=`` (ms; at most the last 10 minutes) the 1-second samples since then: the
+    live charts' backfill after a dropped socket."""
     host = get_object_or_404(Host, pk=pk)
+    if "since" not in request.GET:
+        try:
+            window = telemetry_series.window_for_request(request.GET)
+        except telemetry_series.BadSeriesRequest as exc:
+            return JsonResponse({"error": str(exc)}, status=400)
+        return JsonResponse(telemetry_series.host_series(host, window))
     floor = timezone.now() - BACKFILL
     since = request.GET.get("since")
     try:
@@ -189,31 +197,11 @@ def _numa(host: Host, gpus: list, deployments: list) -> list[dict]:
 
 
 def _recent_samples(host: Host, since) -> dict:
-    """``{"gpus": {gpu pk: {index, name, t: [ms since epoch], utilization: [...],
-    memory_gib: [...], power_w: [...]}}}`` for the charts (plotly reads epoch ms as dates)."""
-    series = {}
-    for gpu in host.gpus.order_by("index"):
-        series[gpu.pk] = {
-            "index": gpu.index,
-            "name": gpu.name,
-            "memory_total_gib": round(gpu.memory_bytes / 2**30, 1),
-            "t": [],
-            "utilization": [],
-            "memory_gib": [],
-            "power_w": [],
-        }
-    rows = GpuSample.objects.filter(gpu__host=host, time__gt=since).order_by("time")
-    for gpu_id, t, util, mem, power in rows.values_list(
-        "gpu_id", "time", "utilization_pct", "memory_used_bytes", "power_w"
-    ):
-        s = series.get(gpu_id)
-        if s is None:
-            continue
-        s["t"].append(int(t.timestamp() * 1000))
-        s["utilization"].append(util)
-        s["memory_gib"].append(None if mem is None else round(mem / 2**30, 2))
-        s["power_w"].append(power)
-    return {"gpus": series}
+    """The 1-second samples since ``since`` in the charts' shape
+    (``hosts.services.telemetry_series.host_series``; plotly reads epoch ms as dates)."""
+    now = timezone.now()
+    window = telemetry_series.Window(since, now, "raw", 1, "10m")
+    return telemetry_series.host_series(host, window)
 
 
 def _recent_checks(host):

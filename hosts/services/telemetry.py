@@ -17,8 +17,9 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Avg, Count, Max, Min, Q
+from django.db.models import Avg, Count, F, Max, Min, Q
 from django.db.models.functions import TruncMinute
+from django.db.models.lookups import GreaterThan
 from django.utils import timezone
 
 from controlpanel.choices import OperationStatus
@@ -34,6 +35,7 @@ from hosts.models import (
     Host,
     clock_events,
 )
+from hosts.models_telemetry import THROTTLE_REASONS
 from hosts.services.hosts import offer_host_key, set_status
 from hosts.services.inventory import refresh_inventory
 from hosts.services.transports import forget_transport, poll_transport, transport_for
@@ -87,6 +89,15 @@ MINUTE_FIELDS = [
     "sm_clock_avg",
     "sm_clock_min",
     "throttled_samples",
+    "power_limit_max",
+    "sm_clock_max",
+    "mem_clock_avg",
+    "pcie_tx_avg",
+    "pcie_tx_max",
+    "pcie_rx_avg",
+    "pcie_rx_max",
+    "reason_samples",
+    *(f"throttle_{key}" for key, _bit, _words in THROTTLE_REASONS),
 ]
 
 
@@ -358,11 +369,20 @@ def _minute_aggregates(this_minute: datetime) -> list[GpuSampleMinute]:
             mem_max=Max("memory_used_bytes"),
             power_avg=Avg("power_w"),
             power_max=Max("power_w"),
+            power_limit_max=Max("power_limit_w"),
             temp_max=Max("temperature_c"),
             sm_avg=Avg("sm_clock_mhz"),
             sm_min=Min("sm_clock_mhz"),
+            sm_max=Max("sm_clock_mhz"),
+            mem_clock_avg=Avg("mem_clock_mhz"),
+            pcie_tx_avg=Avg("pcie_tx_kbps"),
+            pcie_tx_max=Max("pcie_tx_kbps"),
+            pcie_rx_avg=Avg("pcie_rx_kbps"),
+            pcie_rx_max=Max("pcie_rx_kbps"),
             # Idle is bit 0x1: any other reason makes the mask 2 or more.
             throttled=Count("id", filter=Q(clocks_event_reasons__gt=1)),
+            reason_samples=Count("clocks_event_reasons"),
+            **{f"throttle_{key}": reason_count(bit) for key, bit, _words in THROTTLE_REASONS},
         )
     )
     return [
@@ -375,10 +395,25 @@ def _minute_aggregates(this_minute: datetime) -> list[GpuSampleMinute]:
             memory_used_max=r["mem_max"],
             power_avg=r["power_avg"],
             power_max=r["power_max"],
+            power_limit_max=r["power_limit_max"],
             temperature_max=r["temp_max"],
             sm_clock_avg=r["sm_avg"],
             sm_clock_min=r["sm_min"],
+            sm_clock_max=r["sm_max"],
+            mem_clock_avg=r["mem_clock_avg"],
+            pcie_tx_avg=r["pcie_tx_avg"],
+            pcie_tx_max=r["pcie_tx_max"],
+            pcie_rx_avg=r["pcie_rx_avg"],
+            pcie_rx_max=r["pcie_rx_max"],
             throttled_samples=r["throttled"],
+            reason_samples=r["reason_samples"],
+            **{f"throttle_{k}": r[f"throttle_{k}"] for k, _bit, _words in THROTTLE_REASONS},
         )
         for r in rows
     ]
+
+
+def reason_count(bit: int) -> Count:
+    """How many samples had clock-event reason ``bit`` set (bitwise AND in SQL: the same
+    on SQLite and PostgreSQL)."""
+    return Count("id", filter=Q(GreaterThan(F("clocks_event_reasons").bitand(bit), 0)))
