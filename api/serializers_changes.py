@@ -187,6 +187,8 @@ class ChangeDetailSerializer(ChangeItemSerializer):
     applied_config = ChangeConfigRefSerializer(allow_null=True)
     applied_by = serializers.SerializerMethodField()
     settings = serializers.SerializerMethodField()
+    env = serializers.SerializerMethodField()
+    placement = serializers.SerializerMethodField()
     diff = serializers.SerializerMethodField()
     stale = serializers.SerializerMethodField()
     warnings = ChangeWarningSerializer(many=True)
@@ -225,6 +227,8 @@ class ChangeDetailSerializer(ChangeItemSerializer):
             "snapshot_config",
             "applied_config",
             "settings",
+            "env",
+            "placement",
             "model",
             "diff",
             "stale",
@@ -247,6 +251,17 @@ class ChangeDetailSerializer(ChangeItemSerializer):
     def get_settings(self, change: ChangeRequest) -> dict:
         """The proposed engine settings, secrets masked."""
         return masked(change.settings)
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_env(self, change: ChangeRequest) -> dict:
+        """The proposed environment, secret values masked."""
+        return masked(change.env)
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_placement(self, change: ChangeRequest) -> dict:
+        """The proposed CPU placement: {numa_node, cpus}, null where not set."""
+        placement = change.placement or {}
+        return {"numa_node": placement.get("numa_node"), "cpus": placement.get("cpus")}
 
     @extend_schema_field(ChangeDiffRowSerializer(many=True))
     def get_diff(self, change: ChangeRequest) -> list[dict]:
@@ -358,6 +373,23 @@ class ChangeDetailSerializer(ChangeItemSerializer):
 
 
 # --- what is sent ----------------------------------------------------------------------------
+class ChangePlacementSerializer(StrictSerializerMixin, serializers.Serializer):
+    """CPU placement: a key left out keeps the running value, null clears it."""
+
+    numa_node = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        help_text="A NUMA node of the host (its inventory's numa_nodes), or null: none.",
+    )
+    cpus = serializers.CharField(
+        required=False,
+        allow_null=True,
+        allow_blank=True,
+        max_length=200,
+        help_text="A CPU list of the host like 0-15,32-47, or null: no pinning.",
+    )
+
+
 class ChangeProposeSerializer(StrictSerializerMixin, serializers.Serializer):
     """A new change, as the page's "new change" form takes it. The values are checked again by
     that very form (``changes.forms.ProposeForm``) and by the service, so the rules are the
@@ -374,6 +406,18 @@ class ChangeProposeSerializer(StrictSerializerMixin, serializers.Serializer):
         help_text="Flags (by dest, e.g. max_num_seqs) to set on top of the running config, "
         "as the page's form starts from the running values: a flag left out keeps its "
         "running value (a secret too), null unsets it. Several values: a list.",
+    )
+    env = serializers.DictField(
+        child=serializers.CharField(allow_null=True, allow_blank=True, trim_whitespace=True),
+        required=False,
+        help_text="Environment variables (by name) to set on top of the running config's, as "
+        "settings are: a variable left out keeps its running value, null removes it. A "
+        "secret (HF_TOKEN, VLLM_API_KEY, …) given as the mask •••, as responses show it, "
+        "keeps the stored value. Only variables the launch rules know to be safe are allowed.",
+    )
+    placement = ChangePlacementSerializer(
+        required=False,
+        help_text="CPU placement on the host: {numa_node, cpus}; left out keeps the running one.",
     )
     model = serializers.CharField(
         required=False,

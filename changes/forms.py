@@ -8,15 +8,18 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 
 from benchmarks.models import BenchmarkRun, LoadProfile
+from changes import forms_launch
 from changes.choices import ChangeState
 from changes.services import facts
 from controlpanel.choices import OperationStatus
 from hosts.engines import get_spec
 from hosts.engines.flags import EngineArgError, Flag
-from hosts.engines.launch import RESERVED_SETTINGS
+from hosts.engines.launch import RESERVED_SETTINGS, LaunchError
 from hosts.models import Deployment, Host
 
 ANY = [("", "any")]
+# The fields beside the flags that decide how the engine starts (a preview needs them right).
+LAUNCH_FIELDS = ("verify_profile", "env", "numa_node", "cpus")
 FLAG_PREFIX = "flag_"
 REMOVE_PREFIX = "remove_"  # the box that unsets a secret flag (its field shows no value)
 DATETIME_LOCAL = forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M")
@@ -215,6 +218,13 @@ class ProposeForm(forms.Form):
         self.fields["finding"].queryset = Finding.objects.filter(deployment=deployment)
         running = deployment.active_config
         self.running = dict(running.settings) if running else {}
+        self.running_env = dict(running.env) if running else {}
+        self.running_placement = dict(running.placement or {}) if running else {}
+        # Environment and placement, like the flags, start at the running values.
+        self.fields["env"] = forms_launch.env_field(self.running_env)
+        self.fields["env"].initial = forms_launch.env_text(self.running_env)
+        self.fields.update(forms_launch.placement_fields(deployment.host, self.running_placement))
+        self.env_problems: dict[str, str] = {}  # by variable name, for the API's error keys
         self.version_problem = ""
         try:
             flags = facts.spec_flags(deployment)
@@ -279,10 +289,11 @@ class ProposeForm(forms.Form):
         return fields
 
     def flag_errors(self) -> list[str]:
-        """Errors of the flag fields and the profile (what a preview needs), named by flag."""
+        """Errors of the flag, environment and placement fields and the profile (what a
+        preview needs), named by flag."""
         out = []
         for name, errors in self.errors.items():
-            if name.startswith(FLAG_PREFIX) or name == "verify_profile":
+            if name.startswith(FLAG_PREFIX) or name in LAUNCH_FIELDS:
                 label = self.fields[name].label
                 out += [f"{label}: {error}" for error in errors]
         return out
@@ -295,6 +306,59 @@ class ProposeForm(forms.Form):
             if name != "__all__"
             for error in errors
         ]
+
+    # --- environment and placement --------------------------------------------------------------
+    # A field left out of the post (a script, an older page) keeps the running value, as the
+    # page's prefilled fields do; an empty one clears it.
+    def _left_out(self, name: str) -> bool:
+        return self.add_prefix(name) not in self.data
+
+    def clean_numa_node(self):
+        if self._left_out("numa_node"):
+            return self.running_placement.get("numa_node")
+        return self.cleaned_data.get("numa_node")
+
+    def clean_cpus(self):
+        if self._left_out("cpus"):
+            return self.running_placement.get("cpus")
+        return self.cleaned_data.get("cpus")
+
+    def clean_env(self) -> dict:
+        if self._left_out("env"):
+            return dict(self.running_env)
+        env, problems = forms_launch.parse_env(self.cleaned_data.get("env"), self.running_env)
+        if problems:
+            self.env_problems.update(problems)
+            raise ValidationError([f"{name}: {problem}" for name, problem in problems.items()])
+        return env
+
+    def clean(self):
+        data = super().clean()
+        if "env" not in data or "numa_node" not in data or "cpus" not in data:
+            return data
+        env, placement = self.carried()
+        # The launch rules the apply runs (Deployment.launch_config().validated()): the env
+        # policy's and Placement.problems()'s own words, by field. Flag errors are the flag
+        # fields' and the service's to report.
+        try:
+            self.deployment.launch_config(
+                self.settings(), env, placement, self.model_choice() or None
+            ).validated(gpu_count=facts.gpu_count(self.deployment))
+        except LaunchError as exc:
+            errors = {k: v for k, v in exc.errors.items() if k.startswith(("env", "placement"))}
+        else:
+            errors = {}
+        for key, problem in forms_launch.host_placement_problems(
+            self.deployment.host, placement, self.running_placement
+        ).items():
+            errors.setdefault(key, problem)  # the host's nodes and CPUs, once the list reads
+        self.env_problems.update(
+            {k.removeprefix("env."): v for k, v in errors.items() if k.startswith("env.")}
+        )
+        for field, messages in forms_launch.field_errors(errors).items():
+            for message in messages:
+                self.add_error(field, message)
+        return data
 
     # --- what the service gets ---------------------------------------------------------------
     def settings(self) -> dict:
@@ -323,9 +387,16 @@ class ProposeForm(forms.Form):
         return "" if model == self.deployment.model else model
 
     def carried(self) -> tuple[dict, dict]:
-        """The running config's environment and CPU placement: a proposal keeps them."""
-        running = self.deployment.active_config
-        return (dict(running.env), dict(running.placement)) if running else ({}, {})
+        """The environment and CPU placement the form proposes (the running ones where the
+        form holds none yet): stored secrets kept, an empty placement as ``{}``."""
+        data = getattr(self, "cleaned_data", {})
+        env = data.get("env")
+        env = dict(self.running_env) if env is None else env
+        if "numa_node" not in data and "cpus" not in data:
+            return env, dict(self.running_placement)
+        node, cpus = data.get("numa_node"), data.get("cpus") or None
+        placement = {"numa_node": node, "cpus": cpus} if node is not None or cpus else {}
+        return env, placement
 
     def proposal(self) -> dict:
         data = self.cleaned_data

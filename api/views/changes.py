@@ -40,11 +40,14 @@ from changes.rules import APPLY, APPROVE, PROPOSE, ChangeRefused
 from changes.services import apply, facts, review, timeline
 from changes.views import DETAIL_SELECT
 from controlpanel.services import redact
+from hosts.engines.environment import ENV_NAME, env_problem
 from hosts.engines.launch import LaunchError
 
 VIEW = "changes.view_changerequest"
 # The change page's override button's permission (changes/views.py change_approve_override).
 OVERRIDE = "changes.override_changerequest"
+# The proposal form's placement fields, named placement.<field> in the API.
+PLACEMENT_FIELDS = ("numa_node", "cpus")
 # The list's query string: the page's filter form, plus the pages of the answer.
 LIST_PARAMS = {"page", "page_size", "format"}
 
@@ -65,6 +68,15 @@ def _problem_from_form(form) -> dict:
         if name == "__all__":
             errors.setdefault("non_field_errors", []).extend(messages)
             continue
+        if name == "env" and form.env_problems:
+            # By variable, as the launch rules name them (env.HF_HOME).
+            for var, message in form.env_problems.items():
+                key = "env" if var.startswith("line ") else f"env.{var}"
+                errors.setdefault(key, []).append(f"{var}: {message}" if key == "env" else message)
+            continue
+        if name in PLACEMENT_FIELDS:
+            errors.setdefault(f"placement.{name}", []).extend(messages)
+            continue
         for prefix in (FLAG_PREFIX, REMOVE_PREFIX):
             if name.startswith(prefix):
                 label = form.fields[name].label
@@ -74,6 +86,30 @@ def _problem_from_form(form) -> dict:
         else:
             errors.setdefault(name, []).extend(messages)
     return errors
+
+
+def _env_text(form: ProposeForm, given: dict | None) -> str:
+    """The environment field's text as the page shows it (the running variables, a secret
+    as the keep mark) with the body's variables typed over it: a value sets, null removes;
+    the mask, as a response shows a secret, is the keep mark."""
+    lines = {}
+    for raw in (form.fields["env"].initial or "").splitlines():
+        name, _, value = raw.partition("=")
+        lines[name] = value
+    for name, value in (given or {}).items():
+        # One variable a line: nothing in the body may make another line of the text.
+        problem = None
+        if not ENV_NAME.fullmatch(name):
+            problem = env_problem(name, "") or f"invalid variable name {name!r}"
+        if problem is None and value is not None and ("\n" in value or "\r" in value):
+            problem = "invalid value: a value is one line"
+        if problem:
+            raise exceptions.ValidationError({f"env.{name}": [problem]})
+        if value is None:
+            lines.pop(name, None)
+        else:
+            lines[name] = value
+    return "\n".join(f"{name}={value}" for name, value in lines.items())
 
 
 def _refusal_errors(exc: ChangeRefused) -> dict:
@@ -126,6 +162,12 @@ def proposal_form(data: dict) -> tuple[ProposeForm, dict]:
                 form_data[name] = _form_value(flag, given[flag.dest])
         elif name.startswith(REMOVE_PREFIX):
             continue
+        elif name == "env":
+            form_data[name] = _env_text(shown, data.get("env"))
+        elif name in PLACEMENT_FIELDS:
+            placement = data.get("placement") or {}
+            value = placement[name] if name in placement else field.initial
+            form_data[name] = "" if value is None else str(value)
         elif name in data:
             value = data[name]
             form_data[name] = "" if value is None else value

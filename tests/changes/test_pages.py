@@ -126,7 +126,8 @@ def test_the_form_has_one_field_per_flag_of_the_engine_version(client, operator,
     html = response.content.decode()
     assert 'name="flag_max_num_seqs" value="64"' in html
     assert html.index("--max-num-seqs") < html.index("Other settings") < html.index("--seed")
-    assert "Environment variables and CPU placement carry over" in html
+    # Environment and placement are fields too, holding the running ones (issue 21).
+    assert "CUDA_VISIBLE_DEVICES=0</textarea>" in html and 'value="0-15"' in html
 
 
 def test_an_unreadable_engine_version_is_said_not_a_server_error(client, operator, deployment):
