@@ -79,7 +79,8 @@ class HostForm(forms.ModelForm):
         required=False,
         strip=True,
         widget=SecretInput(attrs={"autocomplete": "off"}),
-        help_text="The token in the agent's --token-file. Leave empty to keep the stored one.",
+        help_text="The token in the agent's --token-file. Leave empty to keep the stored one "
+        "(a new host: the setup page generates one for the install command).",
     )
     ssh_private_key = forms.CharField(
         required=False,
@@ -144,12 +145,8 @@ class HostForm(forms.ModelForm):
             self.instance.port = data["port"]
         self._keep_or_require_secrets(data)
         self._check_protection(data)
-        if (
-            transport == TransportKind.AGENT
-            and not data.get("agent_token")
-            and "agent_token" not in self.errors
-        ):
-            self.add_error("agent_token", "The agent needs its token.")
+        # An agent host may be saved without a token: its setup page generates a strong one
+        # and puts it in the install command (hosts.services.onboarding).
         if transport == TransportKind.SSH:
             if not data.get("ssh_username"):
                 self.add_error("ssh_username", "SSH needs a user name.")

@@ -83,8 +83,9 @@ def host_create(request):
     form = HostForm(request.POST or None, user=request.user)
     if request.method == "POST" and form.is_valid():
         host = create_host(request.user, form)
-        messages.success(request, f"Host {host} added. Test the connection to read its GPUs.")
-        return redirect(host)
+        # A new host is set up step by step: install or SSH key, trust, check.
+        messages.success(request, f"Host {host} added. Follow the steps to connect it.")
+        return redirect("hosts:onboard", host.pk)
     return render(request, "hosts/host_form.html", {"form": form})
 
 

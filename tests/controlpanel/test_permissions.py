@@ -29,6 +29,16 @@ MATRIX = [
     ("hosts:part", "get", ALL),
     ("hosts:telemetry", "get", ALL),
     ("hosts:accept_key", "post", ["admin"]),
+    ("hosts:deployment_new", "get", OPERATORS),
+    # The guided setup of a host: Operators and Admins (an agent host: the SSH-only and
+    # fetch actions answer with an explanation, a redirect).
+    ("hosts:onboard", "get", OPERATORS),
+    ("hosts:onboard_status", "get", OPERATORS),
+    ("hosts:onboard_token", "post", OPERATORS),
+    ("hosts:onboard_fetch_certificate", "post", OPERATORS),
+    ("hosts:onboard_pin", "post", OPERATORS),
+    ("hosts:onboard_ssh_key", "post", OPERATORS),
+    ("hosts:onboard_accept_key", "post", ["admin"]),
     ("hosts:restart", "post", OPERATORS),
     ("hosts:operation", "get", ALL),
     ("benchmarks:list", "get", ALL),
@@ -123,6 +133,9 @@ PUBLIC = {
     # Its own access (an API token, or an allowed address; 401, not a login redirect):
     # tests/api/test_metrics.py.
     "metrics",
+    # The agent zipapp for curl on a GPU server: a signed key bound to the host instead of a
+    # login (404 without it): tests/hosts/test_onboarding.py.
+    "hosts:agent_download",
 }
 
 
