@@ -1,6 +1,6 @@
 from django.urls import path
 
-from hosts import views, views_onboarding
+from hosts import views, views_deployments, views_onboarding
 
 app_name = "hosts"
 urlpatterns = [
@@ -13,6 +13,7 @@ urlpatterns = [
     path("<int:pk>/part/<slug:part>/", views.host_part, name="part"),
     path("<int:pk>/telemetry/", views.host_telemetry, name="telemetry"),
     path("<int:pk>/accept-key/", views.host_accept_key, name="accept_key"),
+    path("<int:pk>/deployments/new/", views_deployments.deployment_new, name="deployment_new"),
     path("<int:pk>/onboard/", views_onboarding.onboard, name="onboard"),
     path("<int:pk>/onboard/status/", views_onboarding.onboard_status, name="onboard_status"),
     path("<int:pk>/onboard/token/", views_onboarding.onboard_token, name="onboard_token"),

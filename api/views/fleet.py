@@ -16,6 +16,7 @@ from rest_framework.exceptions import MethodNotAllowed, ValidationError
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
+from api import serializers_deployments as sd
 from api import serializers_fleet as s
 from api.base import TokenAuditMixin
 from api.errors import Conflict
@@ -32,6 +33,7 @@ from controlpanel.forms import AuditFilterForm
 from controlpanel.models import AuditEntry
 from hosts.choices import EngineKind, HostStatus, OperationKind
 from hosts.models import LABEL_KEY, Deployment, EngineConfig, EngineOperation, Gpu, Host
+from hosts.services import deployments as deployment_services
 
 
 def _param(name: str, description: str, enum=None) -> OpenApiParameter:
@@ -138,14 +140,41 @@ class HostViewSet(ReadViewSet):
     retrieve=extend_schema(summary="A deployment with its active config and lock"),
 )
 class DeploymentViewSet(ReadViewSet):
-    """Engines on the hosts, each with the settings it runs now (secrets masked)."""
+    """Engines on the hosts, each with the settings it runs now (secrets masked); a POST
+    creates one as the host page's "New deployment" form does."""
 
     permission = "hosts.view_deployment"
 
     @property
     def permissions(self) -> dict:
-        # The config history is its own page, under its own permission.
-        return {**super().permissions, "configs": "hosts.view_engineconfig"}
+        # The config history is its own page, under its own permission; creating asks for
+        # what the "New deployment" page asks for.
+        return {
+            **super().permissions,
+            "configs": "hosts.view_engineconfig",
+            "create": "hosts.add_deployment",
+        }
+
+    @extend_schema(
+        summary="A new deployment: config v1 is created and its first start queued",
+        request=sd.DeploymentCreateSerializer,
+        responses={201: sd.DeploymentCreatedSerializer},
+    )
+    def create(self, request, *args, **kwargs):
+        body = sd.DeploymentCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = dict(body.validated_data)
+        host = data.pop("host")
+        if data.get("port") is None:
+            data["port"] = deployment_services.free_port(host, data["engine"])
+        try:
+            deployment, fit = deployment_services.create_deployment(request.user, host, data)
+        except deployment_services.DeploymentRefused as refused:
+            raise ValidationError(refused.errors) from None
+        deployment = self.get_queryset().get(pk=deployment.pk)
+        deployment.lock_holder = None  # just created: nothing holds it
+        deployment.fit = fit
+        return Response(sd.DeploymentCreatedSerializer(deployment).data, status=201)
 
     def get_serializer_class(self):
         if self.action == "configs":

@@ -98,7 +98,8 @@ WRITES = [
     (method, endpoint)
     for method in ("post", "put", "patch", "delete")
     for endpoint in ENDPOINTS
-    if (method, endpoint) != ("post", "profiles/")  # a new load profile, below
+    # A new load profile, below; a new deployment: tests/api/test_deployments_create.py.
+    if (method, endpoint) not in {("post", "profiles/"), ("post", "deployments/")}
 ] + [("get", "profiles/{profile}/versions/"), ("delete", "profiles/{profile}/versions/")]
 
 

@@ -1,0 +1,111 @@
+"""``POST /api/v1/deployments/``: a new deployment through the same service as the host page's
+form, refusals as problem details by field, the schema telling the truth about the answer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from drf_spectacular.generators import SchemaGenerator
+from drf_spectacular.renderers import OpenApiJsonRenderer
+from openapi_core import OpenAPI
+from rest_framework.test import APIClient
+
+from controlpanel.models import AuditEntry
+from hosts.models import Deployment, EngineOperation
+from tests.api.test_schema import validate
+from tests.factories import make_deployment, make_gpu, make_host
+
+pytestmark = pytest.mark.django_db
+URL = "/api/v1/deployments/"
+
+
+@pytest.fixture
+def host():
+    host = make_host(name="api-host")
+    make_gpu(host, index=0)
+    make_gpu(host, index=1)
+    return host
+
+
+def body(host, **kw) -> dict:
+    values = {
+        "host": host.pk,
+        "name": "llama",
+        "engine": "vllm",
+        "engine_version": "0.11.0",
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "gpus": [0],
+        "settings": {"max_num_seqs": 64},
+    }
+    values.update(kw)
+    return values
+
+
+def test_operator_creates_a_deployment(token_for, operator, host):
+    answer = token_for(operator, "deployer").post(URL, body(host), format="json")
+    assert answer.status_code == 201, answer.content
+    data = answer.json()
+    deployment = Deployment.objects.get(pk=data["id"])
+    assert data["port"] == 8000  # omitted: the engine's default, free on this machine
+    assert data["fit"]["fits"] is True and data["fit"]["kv_tokens"] > 0
+    assert data["status"] == "starting" and data["gpus"][0]["index"] == 0
+    assert deployment.configs.get().settings == {"max_num_seqs": 64}
+    assert EngineOperation.objects.get(deployment=deployment).kind == "apply"
+    entry = AuditEntry.objects.get(action="deployment.create")
+    assert entry.actor == operator and entry.via == "token deployer"
+
+
+def test_refusals_are_problem_details_by_field(token_for, operator, host):
+    other = make_deployment(host, name="busy", port=8100)
+    other.gpus.set([host.gpus.get(index=1)])
+    answer = token_for(operator).post(
+        URL,
+        body(host, gpus=[1], port=8100, engine_version="latest", settings={"nope": 1}),
+        format="json",
+    )
+    assert answer.status_code == 400
+    assert answer["Content-Type"] == "application/problem+json"
+    errors = answer.json()["errors"]
+    assert errors["gpus"] == ["GPU 1 is used by busy."]
+    assert "taken" in errors["port"][0]
+    assert "engine_version" in errors and "settings" in errors
+    assert not Deployment.objects.filter(name="llama").exists()
+
+
+def test_weights_that_do_not_fit_are_a_400(token_for, operator, host):
+    answer = token_for(operator).post(
+        URL, body(host, model="meta-llama/Llama-3.1-70B-Instruct"), format="json"
+    )
+    assert answer.status_code == 400
+    assert "do not fit" in answer.json()["errors"]["gpus"][0]
+
+
+def test_unknown_fields_and_bad_shapes_are_refused(token_for, operator, host):
+    api = token_for(operator)
+    answer = api.post(URL, {**body(host), "runner": "engine"}, format="json")
+    assert answer.status_code == 400 and "runner" in answer.json()["errors"]
+    answer = api.post(URL, body(host, gpus="0"), format="json")
+    assert answer.status_code == 400 and "gpus" in answer.json()["errors"]
+
+
+@pytest.mark.parametrize(
+    "role, expected",
+    [("viewer", 403), ("nobody", 403), ("operator", 201), ("approver", 201), ("admin", 201)],
+)
+def test_creating_needs_the_pages_permission(request, token_for, host, role, expected):
+    answer = token_for(request.getfixturevalue(role)).post(URL, body(host), format="json")
+    assert answer.status_code == expected, answer.content
+    assert Deployment.objects.filter(name="llama").exists() == (expected == 201)
+
+
+def test_anonymous_is_401(host):
+    assert APIClient().post(URL, body(host), format="json").status_code == 401
+
+
+def test_the_answer_is_what_the_schema_says(token_for, operator, host, django_db_blocker):
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    spec = OpenAPI.from_dict(json.loads(OpenApiJsonRenderer().render(schema)))
+    answer = token_for(operator).post(URL, body(host), format="json")
+    assert answer.status_code == 201
+    validate(spec, "post", URL, answer)
