@@ -205,11 +205,13 @@ def _inventory(host: Host) -> list[Result]:
         found = Result(
             "GPUs", FAIL, "none found", "Check `nvidia-smi` on the server: is the driver loaded?"
         )
-    driver = (
-        Result("Driver / CUDA", PASS, f"driver {host.driver_version}, CUDA {host.cuda_version}")
-        if host.driver_version
-        else Result("Driver / CUDA", WARN, "not reported", "NVML did not answer (see below).")
-    )
+    if host.driver_version:
+        text = f"driver {host.driver_version}, CUDA {host.cuda_version or '?'}"
+        driver = Result("Driver / CUDA", PASS, text)
+    elif source == "simulator":
+        driver = Result("Driver / CUDA", WARN, "none: simulated GPUs")
+    else:
+        driver = Result("Driver / CUDA", WARN, "not reported", "NVML did not answer (see below).")
     if source in ("nvml", "nvidia-smi"):
         telemetry = Result("Telemetry", PASS, f"from {source}")
     elif source == "simulator":
