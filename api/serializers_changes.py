@@ -417,7 +417,9 @@ class ChangeProposeSerializer(StrictSerializerMixin, serializers.Serializer):
     )
     placement = ChangePlacementSerializer(
         required=False,
-        help_text="CPU placement on the host: {numa_node, cpus}; left out keeps the running one.",
+        allow_null=True,
+        help_text="CPU placement on the host: {numa_node, cpus}; left out keeps the running "
+        "one, null: no placement.",
     )
     model = serializers.CharField(
         required=False,

@@ -165,8 +165,11 @@ def proposal_form(data: dict) -> tuple[ProposeForm, dict]:
         elif name == "env":
             form_data[name] = _env_text(shown, data.get("env"))
         elif name in PLACEMENT_FIELDS:
-            placement = data.get("placement") or {}
-            value = placement[name] if name in placement else field.initial
+            if "placement" in data and data["placement"] is None:
+                value = None  # null: no placement at all
+            else:
+                placement = data.get("placement") or {}
+                value = placement[name] if name in placement else field.initial
             form_data[name] = "" if value is None else str(value)
         elif name in data:
             value = data[name]
