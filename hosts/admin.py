@@ -1,52 +1,58 @@
+"""The fleet in Django's admin: to look at, not to edit. Hosts, deployments and their configs
+are changed in the panel, which reviews and audits every change (an admin edit of a
+deployment's model would skip both); the admin keeps lists, search and filters, and an Admin
+may still delete a host or deployment taken out of service, audited
+(controlpanel.admin_audited)."""
+
 from django.contrib import admin
 
-from controlpanel.forms import ADMIN_JSON_FIELDS
+from controlpanel.admin_audited import AuditedReadOnlyAdmin, ReadOnlyInline
 from hosts.engines.redaction import masked
 from hosts.models import Deployment, EngineConfig, EngineOperation, Gpu, Host, HostCheck
 
 
-class GpuInline(admin.TabularInline):
+class GpuInline(ReadOnlyInline):
     model = Gpu
-    extra = 0
     exclude = ["last_sample"]
 
 
 @admin.register(Host)
-class HostAdmin(admin.ModelAdmin):
-    formfield_overrides = ADMIN_JSON_FIELDS
+class HostAdmin(AuditedReadOnlyAdmin):
     list_display = ["name", "address", "transport", "port", "status", "hourly_price"]
     search_fields = ["name", "address"]
     list_filter = ["transport", "status"]
     inlines = [GpuInline]
-    # Secrets are set through the panel's host form (write-only) and never shown here; the
-    # host key is accepted through the panel's "accept" action, which audits it. What each
-    # secret is bound to (credential_bindings) is not editable anywhere (editable=False).
+    deletable = True
+    # Secrets are set through the panel's host form (write-only) and never shown here, nor is
+    # what each secret is bound to.
     exclude = [
         "agent_token",
         "ssh_private_key",
         "ssh_key_passphrase",
         "ssh_host_key_fingerprint",
         "host_readings",
+        "credential_bindings",
     ]
 
 
 @admin.register(Gpu)
-class GpuAdmin(admin.ModelAdmin):
+class GpuAdmin(AuditedReadOnlyAdmin):
     list_display = ["host", "index", "name", "uuid", "numa_node"]
     list_filter = ["name"]
+    exclude = ["last_sample"]
 
 
 @admin.register(Deployment)
-class DeploymentAdmin(admin.ModelAdmin):
-    formfield_overrides = ADMIN_JSON_FIELDS
+class DeploymentAdmin(AuditedReadOnlyAdmin):
     list_display = ["name", "host", "engine", "engine_version", "model", "port", "status"]
     list_filter = ["engine", "status"]
-    filter_horizontal = ["gpus"]
+    search_fields = ["name", "model", "host__name"]
+    deletable = True
 
 
 @admin.register(EngineConfig)
-class EngineConfigAdmin(admin.ModelAdmin):
-    list_display = ["deployment", "version", "created_by", "created_at"]
+class EngineConfigAdmin(AuditedReadOnlyAdmin):
+    list_display = ["deployment", "version", "note", "created_by", "created_at"]
     # Secret flags (--api-key) show masked here as everywhere else.
     exclude = ["settings", "env"]
     readonly_fields = ["masked_settings", "masked_env"]
@@ -59,20 +65,14 @@ class EngineConfigAdmin(admin.ModelAdmin):
     def masked_env(self, obj):
         return masked(obj.env)
 
-    def has_change_permission(self, request, obj=None):
-        return False  # immutable: a change is the next version
-
 
 @admin.register(HostCheck)
-class HostCheckAdmin(admin.ModelAdmin):
+class HostCheckAdmin(AuditedReadOnlyAdmin):
     list_display = ["host", "status", "reachable", "latency_ms", "created_at"]
     list_filter = ["status", "reachable"]
 
 
 @admin.register(EngineOperation)
-class EngineOperationAdmin(admin.ModelAdmin):
+class EngineOperationAdmin(AuditedReadOnlyAdmin):
     list_display = ["deployment", "kind", "status", "outcome", "created_at"]
     list_filter = ["kind", "status", "outcome"]
-
-    def has_change_permission(self, request, obj=None):
-        return False  # a record of what happened
