@@ -233,6 +233,10 @@ def _live_point(gpu: Gpu, item: dict) -> dict:
         "power_limit_w": item.get("power_limit_w"),
         "temperature_c": item.get("temperature_c"),
         "sm_clock_mhz": item.get("sm_clock_mhz"),
+        "mem_clock_mhz": item.get("mem_clock_mhz"),
+        "pcie_tx_kbps": item.get("pcie_tx_kbps"),
+        "pcie_rx_kbps": item.get("pcie_rx_kbps"),
+        "clocks_event_reasons": item.get("clocks_event_reasons"),
         "throttle_reasons": clock_events(item.get("throttle_reasons")),
     }
 

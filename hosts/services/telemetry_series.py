@@ -90,7 +90,7 @@ def choose_window(start: datetime, end: datetime, now: datetime, name=None) -> W
 
 def host_series(host: Host, window: Window) -> dict:
     """``{"range", "source", "bucket_s", "start", "end" (ms), "empty" (a sentence or None),
-    "throttle_reasons": [{key, label}], "gpus": {pk: {index, name, memory_total_gib, t: [ms],
+    "throttle_reasons": [{key, bit, label}], "gpus": {pk: {index, name, memory_total_gib, t: [ms],
     utilization, memory_gib, power_w, power_limit_w, temperature_c, sm_clock_mhz,
     mem_clock_mhz, pcie_tx_mbs, pcie_rx_mbs, throttle: {key: [share 0..1]}}}}``.
     Two queries: the GPUs, then every bucket of every GPU."""
@@ -129,7 +129,7 @@ def host_series(host: Host, window: Window) -> dict:
         "start": int(window.start.timestamp() * 1000),
         "end": int(window.end.timestamp() * 1000),
         "empty": None if rows else EMPTY[window.source],
-        "throttle_reasons": [{"key": k, "label": w} for k, _bit, w in THROTTLE_REASONS],
+        "throttle_reasons": [{"key": k, "bit": b, "label": w} for k, b, w in THROTTLE_REASONS],
         "gpus": series,
     }
 
