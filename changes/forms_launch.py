@@ -25,8 +25,11 @@ CPU_PART = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 # --- the environment as text -----------------------------------------------------------------
 def env_text(env: dict) -> str:
-    """The text the field shows for an environment: secret values as the keep mark."""
-    return "\n".join(f"{name}={KEPT if is_secret(name) else value}" for name, value in env.items())
+    """The text the field shows for an environment, by name (PostgreSQL's jsonb keeps no
+    order of its own): secret values as the keep mark."""
+    return "\n".join(
+        f"{name}={KEPT if is_secret(name) else value}" for name, value in sorted(env.items())
+    )
 
 
 def parse_env(text: str, stored: dict) -> tuple[dict, dict[str, str]]:
