@@ -30,19 +30,44 @@ SHOWN = 10  # per list: the page links on to the full lists
 SERIOUS = ("critical", "warning")
 # A host is in trouble when its status badge is red (unreachable, credentials refused, ...).
 TROUBLED_HOSTS = [status for status in HostStatus if status.colour == "red"]
+REVIEW_FIELDS = (
+    "state",
+    "title",
+    "proposed_by",
+    "settings",
+    "env",
+    "placement",
+    "model",
+    "prediction",
+    "deployment__name",
+    "deployment__engine",
+    "deployment__active_config",
+    "deployment__host__name",
+    "base_config__settings",
+    "base_config__env",
+    "base_config__placement",
+    "base_config__model",
+    "proposed_by__username",
+)
 
 
 def reviews_waiting(user) -> tuple[list[ChangeRequest], list[Sweep]]:
     """Changes and sweeps pending review that ``user`` may approve now (never their own)."""
     if not user.has_perm(rules.APPROVE):
         return [], []
-    changes = [
-        change
-        for change in ChangeRequest.objects.filter(state=ChangeState.PENDING).select_related(
-            "deployment__host", "deployment__active_config", "base_config", "proposed_by"
-        )
-        if rules.allowed("approve", user, change)
-    ]
+    # Every page's navigation counts these, so only the columns the approve rule reads
+    # (state, proposer, the diff against the base config, staleness, the start prediction)
+    # and the dashboard shows are loaded: not the change's other JSON (comparison, warnings,
+    # ...) nor the host's encrypted credentials. One's own changes never count (four-eyes),
+    # so the database leaves them out; the rule still decides on the rest.
+    pending = (
+        ChangeRequest.objects.filter(state=ChangeState.PENDING)
+        .exclude(proposed_by=user)
+        .select_related("deployment__host", "base_config", "proposed_by")
+        .only(*REVIEW_FIELDS)
+        .order_by("pk")
+    )
+    changes = [change for change in pending if rules.allowed("approve", user, change)]
     sweeps = [
         sweep
         for sweep in Sweep.objects.filter(state=SweepState.PENDING).select_related(

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db.models import Max, Q
 from django.utils import timezone
 
@@ -319,6 +320,9 @@ def _evidence(rows: list[Deployment], policies) -> dict[int, tuple[int | None, s
         ).values_list("pk", "deployment_id", "settings", "model")
         if _config_key(settings_, model or models[dep]) == running[dep]
     ]
+    # Every succeeded run on the running configs, newest first, as (pk, deployment,
+    # profile) only: the history grows without bound, and only MAX_RUNS per deployment are
+    # read whole below (their stages and profile spec are JSON worth decoding once).
     runs = list(
         BenchmarkRun.objects.filter(
             deployment_id__in=list(running),
@@ -326,41 +330,47 @@ def _evidence(rows: list[Deployment], policies) -> dict[int, tuple[int | None, s
             status=OperationStatus.SUCCEEDED,
             load_profile__isnull=False,
         )
-        .select_related("load_profile")
-        .only(
-            "pk",
-            "label",
-            "deployment",
-            "engine_config",
-            "load_profile",
-            "load_override",
-            "stages",
-            "finished_at",
-            "created_at",
-            "load_profile__name",
-            "load_profile__version",
-            "load_profile__spec",
-        )
         .order_by("-finished_at", "-pk")
+        .values_list(
+            "pk", "deployment_id", "load_profile_id", "load_profile__name", "load_profile__version"
+        )
     )
     trials = _trials(list(running), running, models)
-    chosen: dict[int, list[BenchmarkRun]] = {}
-    profiles: dict[int, tuple[int | None, str]] = {}
+    profiles: dict[int, tuple[int, str]] = {}
     for d in rows:
         if d.pk not in running:
             continue
         saved = _saved_policy(d)
-        mine = [r for r in runs if r.deployment_id == d.pk]
+        mine = [r for r in runs if r[1] == d.pk]
+        # The policy's profile, else the newest run's, else the newest sweep trial's.
         profile = saved.load_profile if saved is not None and saved.load_profile_id else None
-        if profile is None and mine:
-            profile = mine[0].load_profile
-        if profile is None and trials.get(d.pk):
+        if profile is None and not mine and trials.get(d.pk):
             profile = trials[d.pk][0].sweep.load_profile
-        if profile is None:
-            continue
-        profiles[d.pk] = (profile.pk, f"{profile.name} v{profile.version}")
-        chosen[d.pk] = [r for r in mine if r.load_profile_id == profile.pk][:MAX_RUNS]
-    gauges = _stage_gauges([r.pk for rs in chosen.values() for r in rs])
+        if profile is not None:
+            profiles[d.pk] = (profile.pk, f"{profile.name} v{profile.version}")
+        elif mine:
+            profiles[d.pk] = (mine[0][2], f"{mine[0][3]} v{mine[0][4]}")
+    chosen_ids = {
+        pk: [r[0] for r in runs if r[1] == pk and r[2] == profile_id][:MAX_RUNS]
+        for pk, (profile_id, _) in profiles.items()
+    }
+    whole = BenchmarkRun.objects.select_related("load_profile").only(
+        "pk",
+        "label",
+        "deployment",
+        "engine_config",
+        "load_profile",
+        "load_override",
+        "stages",
+        "finished_at",
+        "created_at",
+        "load_profile__name",
+        "load_profile__version",
+        "load_profile__spec",
+    )
+    by_pk = whole.in_bulk([pk for ids in chosen_ids.values() for pk in ids])
+    chosen = {pk: [by_pk[i] for i in ids if i in by_pk] for pk, ids in chosen_ids.items()}
+    gauges = _stage_gauges([r for rs in chosen.values() for r in rs])
     for pk, (profile_id, name) in profiles.items():
         points = []
         for run in chosen.get(pk, []):
@@ -399,23 +409,44 @@ def _trials(dep_ids, running, models) -> dict[int, list[SweepTrial]]:
     return out
 
 
-def _stage_gauges(run_ids: list[int]) -> dict[int, dict[str, dict]]:
+# A finished run's points never change, so its gauges are worked out once and kept; the page
+# then reads a few cached dicts instead of decoding every second of up to MAX_RUNS runs per
+# deployment on each request. The key holds the run's finish time beside its pk, so a
+# database rebuilt under a kept cache (pks reused) cannot read another run's gauges.
+GAUGES_TTL_S = 24 * 3600
+
+
+def _gauges_key(run: BenchmarkRun) -> str:
+    finished = run.finished_at.timestamp() if run.finished_at else ""
+    return f"scaling:stage-gauges:v1:{run.pk}:{finished}"
+
+
+def _stage_gauges(runs: list[BenchmarkRun]) -> dict[int, dict[str, dict]]:
     """Per run and stage: mean/max requests waiting, mean running, max KV use over the
-    run's per-second points (one query)."""
+    run's per-second points (succeeded runs only: from the cache, else one query)."""
+    keys = {run.pk: _gauges_key(run) for run in runs}
+    cached = cache.get_many(list(keys.values()))
+    out = {pk: cached[key] for pk, key in keys.items() if key in cached}
+    missing = [pk for pk in keys if pk not in out]
+    if missing:
+        fresh = _gauges_from_points(missing)
+        out.update({pk: fresh.get(pk, {}) for pk in missing})
+        cache.set_many({keys[pk]: out[pk] for pk in missing}, timeout=GAUGES_TTL_S)
+    return {pk: gauges for pk, gauges in out.items() if gauges}
+
+
+def _gauges_from_points(run_ids: list[int]) -> dict[int, dict[str, dict]]:
     raw: dict[int, dict[str, dict[str, list]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(list))
     )
-    if run_ids:
-        for run_id, data in RunPoint.objects.filter(run_id__in=run_ids).values_list(
-            "run_id", "data"
-        ):
-            stage = (data or {}).get("stage")
-            if not stage:
-                continue
-            for key in ("server_waiting", "server_running", "kv_cache_usage"):
-                value = data.get(key)
-                if isinstance(value, int | float) and math.isfinite(value):
-                    raw[run_id][stage][key].append(float(value))
+    for run_id, data in RunPoint.objects.filter(run_id__in=run_ids).values_list("run_id", "data"):
+        stage = (data or {}).get("stage")
+        if not stage:
+            continue
+        for key in ("server_waiting", "server_running", "kv_cache_usage"):
+            value = data.get(key)
+            if isinstance(value, int | float) and math.isfinite(value):
+                raw[run_id][stage][key].append(float(value))
     out: dict[int, dict[str, dict]] = {}
     for run_id, stages in raw.items():
         out[run_id] = {}
