@@ -351,7 +351,7 @@ class ProposeForm(forms.Form):
         for key, problem in forms_launch.host_placement_problems(
             self.deployment.host, placement, self.running_placement
         ).items():
-            errors.setdefault(key, problem)  # the host's nodes and CPUs, once the list reads
+            errors.setdefault(key, problem)  # the launch rules speak first on a bad CPU list
         self.env_problems.update(
             {k.removeprefix("env."): v for k, v in errors.items() if k.startswith("env.")}
         )
