@@ -11,11 +11,13 @@ argument parser (``EngineSpec.parse_argv``), weights and KV bytes come from the 
 from __future__ import annotations
 
 import shlex
+import socket
 from dataclasses import dataclass, field
 
 from django.db import IntegrityError, transaction
 
 from controlpanel.services import audit
+from hosts.addresses import is_loopback
 from hosts.choices import DeploymentStatus, LaunchStyle, OperationKind, Runner
 from hosts.engines import ENGINES, get_spec, sglang
 from hosts.engines.catalog import GPUS, MODELS, UnknownModel, gpu_key, resolve_model
@@ -79,15 +81,32 @@ def taken_ports(host: Host) -> dict[int, str]:
 
 
 def free_port(host: Host, engine: str = "vllm") -> int:
-    """The port to offer: the engine's default when free on this machine, else the next free
-    one after the highest in use."""
+    """The port to offer: the engine's default when no engine there has it, else the next free
+    one after the highest in use. A host on the panel's own machine (the demo fleet's agents
+    on 127.0.0.1) continues its engines' range instead, skipping ports something already
+    listens on: the engine default, 8000, is also where ``make run`` serves the panel."""
     taken = taken_ports(host)
+    local = is_loopback(host.address)
     port = FIRST_PORTS.get(engine, 8000)
-    if port in taken:
+    if port in taken or (local and taken):
         port = max(taken) + 1
-    while port in taken or port > 65535:
-        port = 1024 if port > 65535 else port + 1
+    for _ in range(1000):
+        if port > 65535:
+            port = 1024
+        if port not in taken and not (local and _listening(port)):
+            return port
+        port += 1
     return port
+
+
+def _listening(port: int) -> bool:
+    """Whether this machine's loopback port is in use (the bind fails)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 def catalogue_models() -> list[tuple[str, str]]:

@@ -22,7 +22,7 @@ URL = "/api/v1/deployments/"
 
 @pytest.fixture
 def host():
-    host = make_host(name="api-host")
+    host = make_host(name="api-host", address="10.0.0.7", agent_tls=True)
     make_gpu(host, index=0)
     make_gpu(host, index=1)
     return host

@@ -28,7 +28,7 @@ LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
 @pytest.fixture
 def host():
     """A real (not simulated) host with two 80 GB H100s."""
-    host = make_host(name="gpu-real")
+    host = make_host(name="gpu-real", address="10.0.0.5", agent_tls=True)
     make_gpu(host, index=0)
     make_gpu(host, index=1)
     return host
@@ -190,8 +190,18 @@ def test_flags_are_read_by_the_engines_parser():
 
 
 def test_free_port_skips_ports_in_use(host):
+    assert free_port(host) == 8000 and free_port(host, "sglang") == 30000
     make_deployment(host, name="a", port=8000)
     assert free_port(host) == 8001
+
+
+def test_free_port_on_the_panels_own_machine_skips_what_listens_there(listener):
+    """The demo fleet's hosts are 127.0.0.1, where `make run` serves the panel on 8000: the
+    offer continues the engines' range and passes over ports in use on this machine."""
+    host = make_host(address="127.0.0.1")
+    make_deployment(host, name="a", port=listener - 1)
+    offered = free_port(host)
+    assert offered > listener  # not the engine default, not the listening port
 
 
 # --- the page ----------------------------------------------------------------------------------
@@ -302,3 +312,40 @@ def test_sglang_deployment_uses_its_own_memory_fraction_and_tp_flag(host):
     # SGLang's own default (server_args): what is left after reserving activations, < 0.9.
     assert 0.8 < fit.facts["memory_fraction"] < 0.9
     print(fit.message)
+
+
+# --- against a real host agent simulating its GPUs ---------------------------------------------
+@pytest.mark.integration
+def test_created_deployment_starts_on_a_simulated_agent_host(tmp_path, operator):
+    """What the demo fleet does: the host's agent simulates two A100s, the inventory says so,
+    the new deployment runs the simulator on the chosen GPU and becomes running once healthy."""
+    from hosts.models import Gpu, HostCheck
+    from hosts.services import checks, operations, telemetry
+    from tests.conftest import free_port as free_tcp_port
+    from tests.hosts.agent.conftest import AgentProcess
+
+    agent = AgentProcess(tmp_path, "--simulate", "a100-80g:2").start()
+    try:
+        host = make_host(name="sim-agent", port=agent.port, agent_token=agent.token)
+        checks.run_host_check(HostCheck.objects.create(host=host))
+        host.refresh_from_db()
+        assert host.telemetry_source == "simulator" and host.gpus.count() == 2
+        deployment, fit = create_deployment(
+            operator, host, data(gpus=[1], port=free_tcp_port(), model="qwen2.5-7b")
+        )
+        assert deployment.runner == "simulator" and fit.fits
+        assert deployment.simulator["gpu"] == "a100-80g" and deployment.simulator["num_gpus"] == 1
+        operation = deployment.operations.get()
+        operations.run_operation(EngineOperation.objects.get(pk=operation.pk))
+        operation.refresh_from_db()
+        assert operation.outcome == "ready", (operation.error, operation.engine_log)
+        deployment.refresh_from_db()
+        assert deployment.status == "running"
+        assert deployment.active_config == deployment.configs.get(version=1)
+        # The engine runs on the GPU it was given: telemetry finds its memory there.
+        telemetry.poll_telemetry()
+        gpu1 = Gpu.objects.get(host=host, index=1)
+        assert gpu1.last_sample["memory_used_bytes"] > 40 * 2**30
+        assert list(deployment.gpus.all()) == [gpu1]
+    finally:
+        agent.stop()
