@@ -24,6 +24,18 @@ from controlpanel.services import redact
 from hosts.models import Deployment, EngineConfig
 
 PAGE_SIZE = 25
+LIST_FIELDS = (
+    "kind",
+    "state",
+    "title",
+    "created_at",
+    "required_approvals",
+    "base_config",
+    "proposed_by__username",
+    "deployment__name",
+    "deployment__active_config",
+    "deployment__host__name",
+)
 PARTS = {
     "actions": "changes/_actions.html",
     "status": "changes/_status.html",
@@ -49,9 +61,13 @@ DETAIL_SELECT = (
 @permission_required("changes.view_changerequest", raise_exception=True)
 def change_list(request):
     form = ChangeFilterForm(request.GET)
-    changes = ChangeRequest.objects.select_related(
-        "deployment__host", "proposed_by"
-    ).with_approvals()
+    # Only the columns the table shows: the approvals count groups every change's row, so
+    # the JSON documents (settings, prediction, comparison ...) would be sorted along.
+    changes = (
+        ChangeRequest.objects.select_related("deployment__host", "proposed_by")
+        .only(*LIST_FIELDS)
+        .with_approvals()
+    )
     if form.is_valid():
         changes = form.filter(changes)
     page = Paginator(changes.order_by("-created_at", "-pk"), PAGE_SIZE).get_page(
