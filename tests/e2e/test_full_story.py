@@ -237,12 +237,15 @@ def apply_and_follow(page, change: int) -> str:
     return state
 
 
-def verification_run(page) -> int:
-    """The verification run's pk, from the change page's link to its comparison."""
+def verification_run(page, baseline: int) -> int:
+    """The verification run's pk, from the change page's link to its comparison with the
+    baseline, which is the run measured in step 2 (the pipeline measured none of its own)."""
     href = page.get_by_test_id("compare-link").get_attribute("href")
     runs = [int(pk) for pk in re.findall(r"runs=(\d+)", href)]
-    assert len(runs) == 2, href
-    return runs[-1]
+    assert len(runs) == 2 and runs[0] == baseline, href
+    skipped = page.locator("[data-testid=timeline-item][data-stage=baseline][data-status=skipped]")
+    assert "using story-baseline as the baseline" in skipped.inner_text()
+    return runs[1]
 
 
 def compare_in_history(page, base: str, baseline: int, verification: int) -> None:
@@ -260,7 +263,8 @@ def compare_in_history(page, base: str, baseline: int, verification: int) -> Non
     assert f"deltas against #{baseline} story-baseline (reference)" in heading, heading
     headers = page.locator("[data-testid=compare-table] thead th")
     reference = headers.filter(has=page.get_by_test_id("compare-reference-badge"))
-    assert reference.count() == 1 and f"#{baseline}" in reference.inner_text()
+    # Headers are in capitals (CSS): compare without case.
+    assert reference.count() == 1 and "story-baseline" in reference.inner_text().lower()
     rows = page.locator("[data-testid=compare-table] tbody tr[data-metric]")
     assert rows.count() > 0, "no key numbers"
     # Columns are oldest first: the reference's cells carry no delta, the verification's do.
@@ -313,7 +317,7 @@ def run_story(panel, browser, *, new_deployment: bool) -> None:
     with step(panel, page, "3 apply and verify"):
         state = apply_and_follow(page, change)
         assert page.evaluate("() => window.__noReload === true"), "the page was reloaded"
-        verification = verification_run(page)
+        verification = verification_run(page, baseline)
     page.screenshot(path=str(shots / "story-3-change.png"), full_page=True)
     with step(panel, page, "4 compare"):
         compare_in_history(page, base, baseline, verification)
