@@ -150,7 +150,7 @@ ENV_REFUSED_PREFIXES = {
 def env_problem(name: Any, value: Any) -> str | None:
     """Why a launch config may not set variable ``name`` to ``value``, or None. The panel
     (LaunchConfig.validated) and the agent (hosts.agent.policy) both ask this."""
-    if not isinstance(name, str) or not ENV_NAME.match(name):
+    if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
         return f"invalid variable name {name!r}: upper-case letters, digits and _"
     reason = ENV_REFUSED.get(name) or next(
         (why for prefix, why in ENV_REFUSED_PREFIXES.items() if name.startswith(prefix)), None

@@ -128,3 +128,12 @@ def test_agent_refuses_code_loading_flags_unless_it_opted_in(tmp_path, superviso
     # Turning it off, or leaving it unset, loads nothing: allowed everywhere.
     off = sim_config(settings={"max_model_len": 8192, "trust_remote_code": False})
     assert "--trust-remote-code" not in supervisor.prepare("llama", off).argv
+
+
+@pytest.mark.parametrize("name", ["NCCL_DEBUG\n", "NCCL_DEBUG\nX=1", "\nNCCL_DEBUG"])
+def test_a_name_with_a_line_break_is_not_a_name(name):
+    """A name is matched whole: `$` alone would let a trailing newline through into a unit file
+    or an environment block."""
+    from hosts.engines.environment import env_problem
+
+    assert "invalid variable name" in env_problem(name, "INFO")

@@ -163,7 +163,7 @@ class ProcessStyle(LaunchStyle):
             launch = launch.validated()
             command = render_process(launch, python=self.options.python)
             for key in command.env:
-                if not _ENV_NAME.match(key):
+                if not _ENV_NAME.fullmatch(key):
                     raise LaunchError({"env": f"{key!r} is not an environment variable name"})
         except LaunchError as exc:
             raise _refused(exc) from exc
