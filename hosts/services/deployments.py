@@ -23,7 +23,7 @@ from hosts.engines import ENGINES, get_spec, sglang
 from hosts.engines.catalog import GPUS, MODELS, UnknownModel, gpu_key, resolve_model
 from hosts.engines.flags import EngineArgError
 from hosts.engines.launch import LaunchConfig, LaunchError
-from hosts.models import Deployment, EngineConfig, Gpu, Host
+from hosts.models import ENGINE_NAME, Deployment, EngineConfig, Gpu, Host
 from hosts.services.operations import request_operation
 
 GIB = 2**30
@@ -214,7 +214,10 @@ def check(host: Host, data: dict) -> tuple[LaunchConfig | None, list[Gpu], Fit, 
         errors.setdefault(name, []).append(message)
 
     name, engine = data.get("name") or "", data.get("engine") or ""
-    if host.deployments.filter(name=name).exists():
+    if not ENGINE_NAME.fullmatch(name):
+        # It becomes a unit, container and directory name on the host.
+        refuse("name", "Lower-case letters, digits and '-' (a unit/container name).")
+    elif host.deployments.filter(name=name).exists():
         refuse("name", f"{host.name} already has a deployment named {name!r}.")
     if engine not in ENGINES:
         refuse("engine", f"Unknown engine {engine!r} (choose from {', '.join(ENGINES)}).")

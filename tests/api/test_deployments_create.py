@@ -73,6 +73,13 @@ def test_refusals_are_problem_details_by_field(token_for, operator, host):
     assert not Deployment.objects.filter(name="llama").exists()
 
 
+@pytest.mark.parametrize("name", ["Llama", "x; rm -rf /", "-lead", "a" * 64])
+def test_a_name_that_cannot_be_a_unit_name_is_refused(token_for, operator, host, name):
+    answer = token_for(operator).post(URL, body(host, name=name), format="json")
+    assert answer.status_code == 400 and "name" in answer.json()["errors"]
+    assert not Deployment.objects.exists()
+
+
 def test_weights_that_do_not_fit_are_a_400(token_for, operator, host):
     answer = token_for(operator).post(
         URL, body(host, model="meta-llama/Llama-3.1-70B-Instruct"), format="json"

@@ -109,6 +109,10 @@ def test_invalid_port_is_refused(host):
     assert "port" in refusal(host, port=70000)
 
 
+def test_name_that_cannot_be_a_unit_name_is_refused(host):
+    assert "name" in refusal(host, name="../etc")
+
+
 def test_name_taken_on_the_host_is_refused(host):
     make_deployment(host, name="llama", port=8200)
     with pytest.raises(DeploymentRefused) as caught:
