@@ -14,6 +14,21 @@ from controlpanel.models import AuditEntry
 from home.attention import attention
 from hosts.models import Deployment, Gpu, Host, HostCheck
 
+# What the dashboard's short lists never show, left in the database: the newest runs are
+# found by sorting the history, which SQLite does with every selected column along (a run's
+# JSON documents are several KB), and a host's credentials are decrypted per row when read.
+RUN_DOCUMENTS = (
+    "log",
+    "summary",
+    "stages",
+    "server",
+    "distributions",
+    "notes",
+    "environment",
+    "load_override",
+)
+HOST_SECRETS = ("agent_token", "ssh_private_key", "ssh_key_passphrase")
+
 
 def _memory_chart(hosts: list[Host]) -> dict:
     """Stacked bars of GPU memory in use and free per host (GiB), from the GPUs' last sample."""
@@ -56,8 +71,12 @@ def dashboard(request):
         "gpu_count": sum(h.gpu_count for h in hosts),
         "fleet_hourly": sum((h.hourly_price for h in hosts), Decimal("0")),
         "deployments": Deployment.objects.select_related("host", "active_config"),
-        "recent_runs": BenchmarkRun.objects.select_related("deployment__host", "load_profile")[:5],
-        "recent_checks": HostCheck.objects.select_related("host")[:5],
+        "recent_runs": BenchmarkRun.objects.select_related("deployment__host", "load_profile")
+        .defer(*RUN_DOCUMENTS, *(f"deployment__host__{f}" for f in HOST_SECRETS))
+        .defer("load_profile__spec")[:5],
+        "recent_checks": HostCheck.objects.select_related("host").defer(
+            *(f"host__{f}" for f in HOST_SECRETS)
+        )[:5],
         "recent_audit": AuditEntry.objects.all()[:8],
         "chart": _memory_chart(hosts),
         "attention": attention(request.user),
