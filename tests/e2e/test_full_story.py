@@ -59,6 +59,14 @@ def wide_session(panel, browser, user: str):
     return page
 
 
+def fits_the_width(page) -> None:
+    """At 1440 px the page does not scroll sideways (wide tables scroll inside their cards)."""
+    widths = page.evaluate(
+        "() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+    )
+    assert widths[0] <= widths[1], f"{page.url} scrolls sideways: {widths[0]} > {widths[1]} px"
+
+
 def open_demo_host(panel, page) -> str:
     """From the host list to the demo host's page, once its agent is online; its URL."""
     panel.wait_for_demo_host(page)
@@ -96,6 +104,7 @@ def create_deployment(panel, page, host_url: str) -> str:
     free = [i for i in range(2) if gpus.nth(i).is_enabled()]
     assert len(free) == 1, "exactly one GPU is free: the demo deployment's is disabled"
     gpus.nth(free[0]).check()
+    fits_the_width(page)
     port = page.get_by_label("Port", exact=True).input_value()
     assert port.isdigit(), f"the port is prefilled with a free one, not {port!r}"
     page.get_by_role("button", name="Create deployment").click()
@@ -104,6 +113,7 @@ def create_deployment(panel, page, host_url: str) -> str:
     row.wait_for(timeout=15000)
     assert "Qwen2.5-0.5B" in row.inner_text() or "qwen2.5-0.5b" in row.inner_text()
     panel.wait_for_running(page, NEW_DEPLOYMENT)
+    fits_the_width(page)
     return NEW_DEPLOYMENT
 
 
@@ -153,6 +163,7 @@ def run_baseline(page, host_url: str, deployment: str) -> int:
     assert badge.get_attribute("data-run-status") == "succeeded", badge.inner_text()
     assert badge.inner_text() == "Succeeded", badge.inner_text()
     assert "TTFT p50 / p95 / p99" in page.get_by_test_id("run-results").inner_text()
+    fits_the_width(page)
     return run_pk
 
 
@@ -234,6 +245,7 @@ def apply_and_follow(page, change: int) -> str:
     assert expected in verdict.inner_text(), verdict.inner_text()
     assert page.get_by_test_id("comparison").is_visible()
     page.get_by_test_id("compare-link").wait_for(timeout=15000)
+    fits_the_width(page)
     return state
 
 
@@ -274,6 +286,7 @@ def compare_in_history(page, base: str, baseline: int, verification: int) -> Non
     reference = page.locator("[data-testid=compare-table] tbody tr[data-metric] td:nth-of-type(1)")
     assert reference.locator("small.delta").count() == 0, "the reference has no delta"
     page.wait_for_selector("[data-chart][data-rendered=true] .main-svg", timeout=30000)
+    fits_the_width(page)
 
 
 def cost_of(page, base: str, deployment: str, baseline: int, verification: int) -> None:
@@ -290,6 +303,7 @@ def cost_of(page, base: str, deployment: str, baseline: int, verification: int) 
     assert share.startswith("1 of 2 GPUs:"), share
     assert "not charged to this run" in share
     page.wait_for_selector("[data-chart][data-rendered=true] .main-svg", timeout=30000)
+    fits_the_width(page)
 
 
 def run_story(panel, browser, *, new_deployment: bool) -> None:
