@@ -2,13 +2,17 @@
 1440×900 (a laptop) do not scroll sideways, the header stays inside the viewport, on the phone
 the navigation folds behind a Menu button that opens it (mouse and keyboard) and whose links
 work, on the laptop the navigation shows without the button. Each page is saved as a
-full-page screenshot per width (their paths are printed: the test's artifacts).
+full-page screenshot per width (their paths are printed: the test's artifacts; set
+E2E_SCREENSHOTS to a directory to keep them there).
 
 The data is real where it is cheap: two short benchmark runs on the demo engine (the run page,
 history, compare and cost show their charts and tables), a change proposed against it (the
 change page and list), the demo fleet for hosts and scaling, the audit log they leave."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 
@@ -243,7 +247,9 @@ def test_main_pages_fit_a_phone_and_a_laptop(panel, browser):
     # 375 px viewport the boxes that stick out are the ones to fix.
     phone = browser.new_context(viewport=PHONE).new_page()
     panel.log_in(phone, "admin")
-    shots = panel.var_dir / "screenshots"
+    # Under the panel's var/ (pytest keeps only the last few temporary directories), or where
+    # E2E_SCREENSHOTS says, to keep them (CI artifacts, a before/after look).
+    shots = Path(os.environ.get("E2E_SCREENSHOTS") or panel.var_dir / "screenshots")
     errors = []
     for page in (phone, laptop):
         page.on("pageerror", lambda error: errors.append(str(error)))
