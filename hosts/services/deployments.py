@@ -56,6 +56,10 @@ class Fit:
     kv_tokens: int | None = None
     facts: dict = field(default_factory=dict)
 
+    @property
+    def kv_tokens_shown(self) -> str:
+        return f"{self.kv_tokens:,}" if self.kv_tokens is not None else ""
+
 
 # --- what the form offers ----------------------------------------------------------------------
 def is_simulated(host: Host) -> bool:
@@ -150,7 +154,7 @@ def fit_check(engine: str, model: str, gpus: list[Gpu], settings: dict) -> Fit:
         return Fit(
             False,
             f"The weights of {spec.key} do not fit: {weights / GIB:.1f} GiB per GPU on {where} "
-            f"against {budget / GIB:.1f} GiB usable ({memory / GIB:.0f} GiB × {fraction:g}). "
+            f"against {budget / GIB:.1f} GiB usable ({memory / GIB:.1f} GiB × {fraction:g}). "
             "Choose more GPUs, a quantized variant (FP8, AWQ) or a larger GPU.",
             round(weights / GIB, 1),
             round(budget / GIB, 1),
@@ -163,7 +167,7 @@ def fit_check(engine: str, model: str, gpus: list[Gpu], settings: dict) -> Fit:
     return Fit(
         True,
         f"The weights of {spec.key} fit: {weights / GIB:.1f} GiB per GPU on {where} of "
-        f"{budget / GIB:.1f} GiB usable ({memory / GIB:.0f} GiB × {fraction:g}), leaving about "
+        f"{budget / GIB:.1f} GiB usable ({memory / GIB:.1f} GiB × {fraction:g}), leaving about "
         f"{kv_total / GIB:.1f} GiB for the KV cache, roughly {tokens:,} tokens "
         "(less what activations and CUDA graphs take).",
         round(weights / GIB, 1),
