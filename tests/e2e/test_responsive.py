@@ -156,8 +156,8 @@ def check_phone_menu(page, label):
     Escape closes it again; the keyboard opens it too."""
     toggle = page.get_by_test_id("nav-toggle")
     nav = page.locator("header nav[aria-label=Main]")
-    assert toggle.is_visible(), f"{label}: no Menu button at 375 px"
-    assert not nav.is_visible(), f"{label}: the navigation is not folded at 375 px"
+    assert toggle.is_visible(), f"{label}: no Menu button"
+    assert not nav.is_visible(), f"{label}: the navigation is not folded"
     assert toggle.get_attribute("aria-expanded") == "false"
     assert toggle.get_attribute("aria-controls") == "topbar-menu"
     toggle.click(timeout=10000)
@@ -185,15 +185,27 @@ def check_phone_menu(page, label):
     assert page.evaluate("() => document.activeElement.dataset.testid") == "nav-toggle"
 
 
-def check_laptop_nav(page, label):
+def check_laptop_nav(page, label, one_line=True):
+    """No Menu button; the navigation shows on one line, and with ``one_line`` (a wide
+    screen: the bar as it always was) the user menu beside it."""
     toggle = page.get_by_test_id("nav-toggle")
     nav = page.locator("header nav[aria-label=Main]")
-    assert not toggle.is_visible(), f"{label}: the Menu button shows at 1440 px"
-    assert nav.is_visible(), f"{label}: the navigation is hidden at 1440 px"
+    assert not toggle.is_visible(), f"{label}: the Menu button shows"
+    assert nav.is_visible(), f"{label}: the navigation is hidden"
     links = nav.locator("a")
-    tops = {round(links.nth(i).bounding_box()["y"]) for i in range(links.count())}
-    assert len(tops) == 1, f"{label}: the navigation wraps onto {len(tops)} lines at 1440 px"
-    assert page.locator("header .who button", has_text="Log out").is_visible()
+    middles = {round(box["y"] + box["height"] / 2) for box in boxes(links)}
+    assert len(middles) == 1, f"{label}: the navigation wraps onto {len(middles)} lines"
+    logout = page.locator("header .who button", has_text="Log out")
+    assert logout.is_visible(), f"{label}: no Log out"
+    if one_line:
+        who = page.locator("header .who").bounding_box()
+        assert abs(who["y"] + who["height"] / 2 - middles.pop()) <= 4, (
+            f"{label}: the user menu is not on the navigation's line"
+        )
+
+
+def boxes(locator) -> list[dict]:
+    return [locator.nth(i).bounding_box() for i in range(locator.count())]
 
 
 def start_run(page, panel, ids, label) -> int:
@@ -274,6 +286,23 @@ def test_main_pages_fit_a_phone_and_a_laptop(panel, browser):
                 failures.append(str(failure))
             except Exception as failure:  # a Playwright time-out: what it waited for
                 failures.append(f"{label}: {str(failure).splitlines()[0]}")
+    # Between the two: a tablet (the menu folded) and a small laptop (the bar wraps).
+    for width, height in ((768, 1024), (1024, 768)):
+        laptop.set_viewport_size({"width": width, "height": height})
+        label = f"dashboard at {width} px"
+        laptop.goto(base + "/")
+        settle(laptop)
+        laptop.screenshot(path=str(shots / f"dashboard-{width}.png"), full_page=True)
+        print(f"screenshot: {shots / f'dashboard-{width}.png'}")
+        try:
+            assert_fits(laptop, label, width)
+            assert_header_inside(laptop, label)
+            if width < 900:
+                check_phone_menu(laptop, label)
+            else:
+                check_laptop_nav(laptop, label, one_line=False)
+        except AssertionError as failure:
+            failures.append(str(failure))
     # On the phone the menu's links work: Hosts from the dashboard's open menu.
     phone.goto(base + "/")
     try:
