@@ -200,6 +200,23 @@ _FAMILIES = (
 )
 
 
+# The Hugging Face repository a catalogue entry is usually served from: what a real engine
+# needs as its model argument (the catalogue keys only mean something to the simulator).
+# Each resolves back to its entry through resolve_model (tested).
+HF_REPOS: dict[str, str] = {
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
+    "llama-3.1-8b-fp8": "neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8",
+    "llama-3.1-8b-awq": "hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4",
+    "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
+    "llama-3.1-70b-fp8": "neuralmagic/Meta-Llama-3.1-70B-Instruct-FP8",
+    "llama-3.1-70b-awq": "hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
+    "qwen2.5-7b-awq": "Qwen/Qwen2.5-7B-Instruct-AWQ",
+    "mistral-7b": "mistralai/Mistral-7B-Instruct-v0.3",
+    "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B-Instruct",
+}
+
+
 class UnknownModel(ValueError):
     """The simulator has no shape for this model name."""
 

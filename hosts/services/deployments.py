@@ -20,7 +20,7 @@ from controlpanel.services import audit
 from hosts.addresses import is_loopback
 from hosts.choices import DeploymentStatus, LaunchStyle, OperationKind, Runner
 from hosts.engines import ENGINES, get_spec, sglang
-from hosts.engines.catalog import GPUS, MODELS, UnknownModel, gpu_key, resolve_model
+from hosts.engines.catalog import GPUS, HF_REPOS, MODELS, UnknownModel, gpu_key, resolve_model
 from hosts.engines.flags import EngineArgError
 from hosts.engines.launch import LaunchConfig, LaunchError
 from hosts.models import ENGINE_NAME, Deployment, EngineConfig, Gpu, Host
@@ -114,11 +114,18 @@ def _listening(port: int) -> bool:
 
 
 def catalogue_models() -> list[tuple[str, str]]:
-    """``(name, description)`` of every catalogue model, for the form's suggestions."""
+    """``(name, description)`` of every catalogue model, for the form's suggestions: its
+    Hugging Face repository where one is known (what a real engine loads), else its key."""
     out = []
     for key, spec in MODELS.items():
         weights = spec.weight_bytes / GIB
-        out.append((key, f"{spec.params / 1e9:.1f}B params · {weights:.1f} GiB weights"))
+        quant = f" · {spec.quantization.upper()}" if spec.quantization else ""
+        out.append(
+            (
+                HF_REPOS.get(key, key),
+                f"{spec.params / 1e9:.1f}B params{quant} · {weights:.1f} GiB weights",
+            )
+        )
     return out
 
 

@@ -234,7 +234,10 @@ def test_page_offers_gpus_catalogue_and_free_port(client, operator, host):
     assert "GPU 0 · NVIDIA H100 80GB HBM3 · 80 GiB" in text
     assert "GPU 1 · NVIDIA H100 80GB HBM3 · 80 GiB · used by llama-8b" in text
     assert 'value="1" disabled' in text or "disabled" in text.split("used by llama-8b")[0][-400:]
-    assert '<datalist id="catalogue-models">' in text and 'value="llama-3.1-70b"' in text
+    assert (
+        '<datalist id="catalogue-models">' in text
+        and 'value="meta-llama/Llama-3.1-70B-Instruct"' in text
+    )
     assert page.context["form"]["port"].value() == 8001
     assert "Create deployment" in text
 
@@ -353,3 +356,17 @@ def test_created_deployment_starts_on_a_simulated_agent_host(tmp_path, operator)
         assert list(deployment.gpus.all()) == [gpu1]
     finally:
         agent.stop()
+
+
+def test_the_suggested_models_are_repositories_that_resolve_to_their_catalogue_entry():
+    """The form suggests what a real engine loads (a Hugging Face repository) where one is
+    known; each must mean the same catalogue entry, or the fit check would size another model."""
+    from hosts.engines.catalog import HF_REPOS, MODELS, resolve_model
+    from hosts.services.deployments import catalogue_models
+
+    suggested = [name for name, _ in catalogue_models()]
+    assert len(suggested) == len(MODELS)
+    for key, repo in HF_REPOS.items():
+        assert resolve_model(repo).key == key, repo
+        assert repo in suggested
+    assert "meta-llama/Llama-3.1-8B-Instruct" in suggested
