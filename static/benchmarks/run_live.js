@@ -239,9 +239,15 @@
 
     // The status as the backfill saw it: a change the socket missed is applied as the
     // "run.status" event would have (badge, progress, and htmx re-fetching the fragments).
+    // A run's end is final: the backfill's reply may have been computed before the run ended
+    // while the socket's "succeeded" got here first, and must not set the badge back.
+    const FINISHED = ["succeeded", "failed", "cancelled"];
+
     function caughtUp(data) {
       const badge = root.querySelector("[data-run-status]");
-      const changed = !badge || badge.dataset.runStatus !== data.status;
+      const stale = badge && FINISHED.indexOf(badge.dataset.runStatus) >= 0 &&
+        FINISHED.indexOf(data.status) < 0;
+      const changed = !stale && (!badge || badge.dataset.runStatus !== data.status);
       const bar = root.querySelector("[data-progress]");
       const shown = bar ? Number(bar.parentElement.getAttribute("aria-valuenow")) : 0;
       if (known(data.progress) && Math.round(data.progress * 100) > shown) setProgress(data.progress);
@@ -275,6 +281,7 @@
     window.__runLive = {
       get socket() { return live ? live.liveSocket : null; },
       extend: extend,
+      caughtUp: caughtUp,
       maxScatter: MAX_SCATTER,
       backfills: 0,
     };

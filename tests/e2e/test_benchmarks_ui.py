@@ -120,6 +120,14 @@ def run_once(page, panel, ids, label, drop_socket=False) -> int:
         if drop_socket:
             drop_the_socket(page, panel)
         page.wait_for_selector("[data-run-status=succeeded]", timeout=120000)
+        # A backfill reply computed just before the run ended, delivered after the socket's
+        # "succeeded": the end is final, the badge must not go back to Running.
+        page.evaluate(
+            """() => window.__runLive.caughtUp(
+                {status: "running", label: "Running", colour: "blue", finished: false})"""
+        )
+        status = page.get_attribute("[data-run-status]", "data-run-status")
+        assert status == "succeeded", f"a late backfill set the finished badge back to {status}"
     except AssertionError:
         raise
     except Exception:
