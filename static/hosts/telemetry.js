@@ -48,6 +48,12 @@
       };
     }
 
+    // With every reason hidden (none active: the usual case) plotly would autorange the time
+    // axis to the year 2000; an invisible trace over the same times keeps it on the window.
+    function AXIS_KEEPER(x) {
+      return { x: x, y: x.map(function () { return 0; }), mode: "lines", line: { width: 0 }, hoverinfo: "skip", showlegend: false, name: "" };
+    }
+
     function figures(s) {
       const x = s.t;
       const pct = function (arr) { return arr.map(function (v) { return v === null ? null : Math.round(v * 1000) / 10; }); };
@@ -83,7 +89,7 @@
           // Every reason is in the legend; those never active start hidden (click to show).
           const active = y.some(function (v) { return v; });
           return { x: x, y: y, name: r.label, mode: "lines", visible: active ? true : "legendonly" };
-        }), throttle],
+        }).concat([AXIS_KEEPER(x)]), throttle],
         pcie: [[
           { x: x, y: s.pcie_tx_mbs, name: "TX MB/s", mode: "lines" },
           { x: x, y: s.pcie_rx_mbs, name: "RX MB/s", mode: "lines" },
@@ -202,7 +208,8 @@
       window.Plotly.extendTraces(chart.pcie, { x: xs(2), y: [pick(p.pcie_tx_mbs), pick(p.pcie_rx_mbs)] }, [0, 1], MAX_POINTS);
       if (reasons.length) {
         const shares = reasons.map(function (r) { return pick(p.throttle[r.key] || []).map(function (v) { return v === null || v === undefined ? null : v * 100; }); });
-        window.Plotly.extendTraces(chart.throttle, { x: xs(reasons.length), y: shares }, reasons.map(function (_r, i) { return i; }), MAX_POINTS);
+        shares.push(x.map(function () { return 0; })); // the axis keeper follows the live window
+        window.Plotly.extendTraces(chart.throttle, { x: xs(reasons.length + 1), y: shares }, reasons.map(function (_r, i) { return i; }).concat([reasons.length]), MAX_POINTS);
       }
       chart.last = x[x.length - 1];
       chart.points += x.length;

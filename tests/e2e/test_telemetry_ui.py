@@ -40,6 +40,16 @@ def test_telemetry_charts_ranges_and_zoom(panel, browser):
     assert "SM clock MHz" in page.get_by_test_id("gpu-clocks-0").inner_text()
     assert "TX MB/s" in page.get_by_test_id("gpu-pcie-0").inner_text()
     assert "live" in page.get_by_test_id("telemetry-status").inner_text()
+    # No throttle reason is active on the demo's GPUs, so every reason's line starts hidden:
+    # the time axis still shows the last minutes, not plotly's empty default (the year 2000).
+    throttle = page.get_by_test_id("gpu-throttle-0").element_handle()
+    page.wait_for_function(
+        """el => { const r = el._fullLayout.xaxis.range;
+            const ms = v => typeof v === "number" ? v : Date.parse(String(v).replace(" ", "T") + "Z");
+            return Math.abs(ms(r[1]) - Date.now()) < 15 * 60 * 1000; }""",
+        arg=throttle,
+        timeout=20000,
+    )
     assert page.get_by_test_id("reset-zoom").is_hidden()
 
     # A range button asks the server for that range and says where the data comes from.
