@@ -45,7 +45,8 @@ def test_telemetry_charts_ranges_and_zoom(panel, browser):
     throttle = page.get_by_test_id("gpu-throttle-0").element_handle()
     page.wait_for_function(
         """el => { const r = el._fullLayout.xaxis.range;
-            const ms = v => typeof v === "number" ? v : Date.parse(String(v).replace(" ", "T") + "Z");
+            const ms = v => typeof v === "number" ? v
+                : Date.parse(String(v).replace(" ", "T") + "Z");
             return Math.abs(ms(r[1]) - Date.now()) < 15 * 60 * 1000; }""",
         arg=throttle,
         timeout=20000,
