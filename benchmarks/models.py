@@ -116,6 +116,21 @@ def spec_with_override(spec: dict, override: dict | None) -> dict:
     return out
 
 
+# A run's log and JSON documents: several KB each, decoded per row. Lists that show a run's
+# name, status and a number or two leave them in the database (``.defer(*RUN_DOCUMENTS)``): SQLite
+# sorts the history with every selected column carried along.
+RUN_DOCUMENTS = (
+    "log",
+    "summary",
+    "stages",
+    "server",
+    "distributions",
+    "notes",
+    "environment",
+    "load_override",
+)
+
+
 class BenchmarkRun(BackgroundOperation):
     """One load test of one deployment under one profile version, with its results.
 

@@ -8,26 +8,16 @@ from django.http import HttpResponsePermanentRedirect
 from django.shortcuts import render
 from django.templatetags.static import static
 
-from benchmarks.models import BenchmarkRun
+from benchmarks.models import RUN_DOCUMENTS, BenchmarkRun
 from changes.views_advisor import fleet_context
 from controlpanel.models import AuditEntry
 from home.attention import attention
+from hosts.credentials import SECRET_FIELDS
 from hosts.models import Deployment, Gpu, Host, HostCheck
 
-# What the dashboard's short lists never show, left in the database: the newest runs are
-# found by sorting the history, which SQLite does with every selected column along (a run's
-# JSON documents are several KB), and a host's credentials are decrypted per row when read.
-RUN_DOCUMENTS = (
-    "log",
-    "summary",
-    "stages",
-    "server",
-    "distributions",
-    "notes",
-    "environment",
-    "load_override",
-)
-HOST_SECRETS = ("agent_token", "ssh_private_key", "ssh_key_passphrase")
+# What the dashboard's short lists never show stays in the database: the runs' documents
+# (RUN_DOCUMENTS) and the hosts' credentials (decrypted per row when read).
+HOST_SECRETS = SECRET_FIELDS
 
 
 def _memory_chart(hosts: list[Host]) -> dict:

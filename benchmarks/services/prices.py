@@ -14,9 +14,10 @@ from django.db.models import Count
 
 from benchmarks import cost
 from benchmarks.choices import Pricing
-from benchmarks.models import GPU_SEPARATOR, BenchmarkRun, Price
+from benchmarks.models import GPU_SEPARATOR, RUN_DOCUMENTS, BenchmarkRun, Price
 from controlpanel.choices import OperationStatus
 from controlpanel.services import audit, snapshot
+from hosts.credentials import SECRET_FIELDS
 from hosts.models import Deployment, Gpu, Host
 
 DEFAULT_RUN_COUNT = 20
@@ -288,25 +289,15 @@ class CostReport:
         return self.utilisation * (1 - self.restart_overhead)
 
 
-# What the cost page never reads: a run's log and JSON documents (several KB each, decoded per
-# row), the config's and profile's documents, and the host's encrypted credentials
-# (decrypted per row otherwise).
+# What the cost page never reads: a run's documents, the config's and profile's documents, and
+# the host's encrypted credentials (decrypted per row otherwise).
 COST_DEFERRED = (
-    "log",
-    "summary",
-    "stages",
-    "server",
-    "distributions",
-    "notes",
-    "environment",
-    "load_override",
+    *RUN_DOCUMENTS,
     "engine_config__settings",
     "engine_config__env",
     "engine_config__placement",
     "load_profile__spec",
-    "deployment__host__agent_token",
-    "deployment__host__ssh_private_key",
-    "deployment__host__ssh_key_passphrase",
+    *(f"deployment__host__{name}" for name in SECRET_FIELDS),
 )
 
 
