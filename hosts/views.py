@@ -125,12 +125,13 @@ def host_check(request, pk):
 def host_accept_key(request, pk):
     host = get_object_or_404(Host, pk=pk)
     offered = request.POST.get("fingerprint", "")
-    if not offered or offered != host.ssh_offered_fingerprint:
+    try:
         # The admin accepts what they saw, not whatever the host offers by the time they click.
-        messages.error(request, "The offered key changed since the page was shown: look again.")
-        return redirect(host)
-    accept_host_key(request.user, host)
-    messages.success(request, f"Host key {offered} accepted for {host}.")
+        accept_host_key(request.user, host, offered)
+    except ValueError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Host key {offered} accepted for {host}.")
     return redirect(host)
 
 

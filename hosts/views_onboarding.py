@@ -110,11 +110,11 @@ def onboard_ssh_key(request, pk):
 def onboard_accept_key(request, pk):
     host = get_object_or_404(Host, pk=pk)
     offered = request.POST.get("fingerprint", "")
-    if not offered or offered != host.ssh_offered_fingerprint:
-        # The admin accepts what they saw, not whatever the host offers by the time they click.
-        messages.error(request, "The offered key changed since the page was shown: look again.")
+    try:
+        accept_host_key(request.user, host, offered)
+    except ValueError as exc:
+        messages.error(request, str(exc))
     else:
-        accept_host_key(request.user, host)
         messages.success(request, f"Host key {offered} accepted. Now test the connection.")
     return redirect("hosts:onboard", host.pk)
 

@@ -156,12 +156,20 @@ def _describe_protection(host: Host) -> str:
     return ", ".join(f"{k}={v}" if v is not None else f"no {k}" for k, v in host.protection.items())
 
 
-def accept_host_key(actor, host: Host) -> Host:
-    """An admin trusts the key the host offered (first contact, or a reinstalled server)."""
+class OfferedKeyChanged(ValueError):
+    """The key on offer is not the one the admin was shown."""
+
+
+def accept_host_key(actor, host: Host, expected: str) -> Host:
+    """An admin trusts the key the host offered (first contact, or a reinstalled server):
+    ``expected``, the fingerprint they were shown, checked under the row lock, so that a key
+    offered after the page was drawn is never the one accepted."""
     with transaction.atomic():
         host = Host.objects.select_for_update().get(pk=host.pk)
         if not host.ssh_offered_fingerprint:
             raise ValueError("The host has not offered a key: test the connection first.")
+        if not expected or expected != host.ssh_offered_fingerprint:
+            raise OfferedKeyChanged("The offered key changed since the page was shown: look again.")
         before = {"ssh_host_key_fingerprint": host.ssh_host_key_fingerprint}
         host.ssh_host_key_fingerprint = host.ssh_offered_fingerprint
         host.ssh_offered_fingerprint = ""

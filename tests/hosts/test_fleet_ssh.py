@@ -13,7 +13,7 @@ import pytest
 from controlpanel.models import AuditEntry
 from hosts.models import EngineConfig, EngineOperation, HostCheck
 from hosts.services import checks, operations, telemetry, transports
-from hosts.services.hosts import accept_host_key
+from hosts.services.hosts import OfferedKeyChanged, accept_host_key
 from tests.factories import make_host, make_sim_deployment
 from tests.hosts.transport import sshd as sshd_mod
 from tests.hosts.transport.conftest import fresh_sshd, ssh_keys  # noqa: F401 - fixtures
@@ -62,7 +62,9 @@ def test_first_contact_accept_then_a_changed_key_is_refused(ssh_host, ssh_keys, 
     assert "an admin must accept it" in first.detail
     assert "Accepted publickey" not in server.log()  # nothing authenticated before acceptance
 
-    host = accept_host_key(admin, host)
+    with pytest.raises(OfferedKeyChanged):  # not the key the admin was shown
+        accept_host_key(admin, host, "SHA256:" + "A" * 43)
+    host = accept_host_key(admin, host, expected)
     check(host)
     assert host.status == "online", host.last_error
     assert host.ssh_host_key_fingerprint == expected and host.cpu_count
@@ -83,7 +85,7 @@ def test_first_contact_accept_then_a_changed_key_is_refused(ssh_host, ssh_keys, 
 def test_apply_and_rollback_over_ssh(ssh_host, admin, operator):
     host, server = ssh_host
     check(host)
-    host = accept_host_key(admin, host)
+    host = accept_host_key(admin, host, host.ssh_offered_fingerprint)
     deployment = make_sim_deployment(host, name="llama-ssh")
     good = EngineConfig.objects.create_next(deployment, {"max_model_len": 8192})
     op = operations.request_operation(operator, deployment, "apply", good)
