@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from controlpanel.forms import ADMIN_JSON_FIELDS
 from controlpanel.services import acting_via, audit
 
 READ_ONLY_NOTE = "Read-only here: edit in the panel, where it is reviewed and audited."
@@ -22,6 +23,9 @@ class AuditedReadOnlyAdmin(admin.ModelAdmin):
     change_form_template = "admin/audited_change_form.html"
     change_list_template = "admin/audited_change_list.html"
     deletable = False
+    # Nothing is edited here today; should a subclass allow it, JSON typed in goes through the
+    # pages' parser (no NUL, no deep nesting, no NaN).
+    formfield_overrides = ADMIN_JSON_FIELDS
 
     def has_add_permission(self, request, obj=None):
         return False
