@@ -112,6 +112,9 @@ def _read():
         "TELEMETRY_INTERVAL": env_float("TELEMETRY_INTERVAL_SECONDS", 1.0, minimum=0),
         "TELEMETRY_RAW_MINUTES": env_int("TELEMETRY_RAW_RETENTION_MINUTES", 60, minimum=1),
         "TELEMETRY_MINUTE_DAYS": env_int("TELEMETRY_MINUTE_RETENTION_DAYS", 30, minimum=1),
+        "TELEMETRY_SHARDS": env_int("TELEMETRY_SHARDS", 0, minimum=0),
+        "TELEMETRY_POLL_CONNECTIONS": env_int("TELEMETRY_POLL_CONNECTIONS", 100, minimum=1),
+        "TELEMETRY_BATCH_DEADLINE": env_float("TELEMETRY_BATCH_DEADLINE", 0.7, minimum=0),
         "TRANSPORT_TIMEOUT": env_float("TRANSPORT_TIMEOUT_SECONDS", 5.0, minimum=0.1),
         "ENGINE_READY_TIMEOUT": env_float("ENGINE_READY_TIMEOUT_SECONDS", 600.0, minimum=1),
         "SSH_REMOTE_DIR": env_str("SSH_REMOTE_DIR", "~/.llm-panel"),
@@ -412,7 +415,16 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            "CONFIG": {
+                # redis-py 8 reads with a 5 s socket timeout by default, the same 5 s that
+                # channels_redis blocks in BZPOPMIN waiting for messages: an idle process's
+                # receive loop raised TimeoutError and killed a socket every 5 s. Reads may
+                # wait longer than the blocking pop.
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 15}],
+                # Every socket of one web process shares one Redis queue, whose capacity is
+                # this: at the default 100 a burst to 250 sockets was dropped silently.
+                "capacity": 2000,
+            },
         }
     }
 else:
@@ -425,6 +437,13 @@ PANEL_ENCRYPTION_KEYS = _env["ENCRYPTION_KEYS"]
 TELEMETRY_INTERVAL = _env["TELEMETRY_INTERVAL"]
 TELEMETRY_RAW_RETENTION_MINUTES = _env["TELEMETRY_RAW_MINUTES"]
 TELEMETRY_MINUTE_RETENTION_DAYS = _env["TELEMETRY_MINUTE_DAYS"]
+# Fleet scale (hosts.services.telemetry_fleet): 0 polls every host from one task on threads
+# (a small fleet); N >= 1 makes beat's poll enqueue N shard tasks a second, each polling its
+# hosts (id % N) concurrently and storing them in batches. Connections: per shard at once.
+# Deadline: seconds after which a shard stores what has answered (late hosts follow).
+TELEMETRY_SHARDS = _env["TELEMETRY_SHARDS"]
+TELEMETRY_POLL_CONNECTIONS = _env["TELEMETRY_POLL_CONNECTIONS"]
+TELEMETRY_BATCH_DEADLINE = _env["TELEMETRY_BATCH_DEADLINE"]
 TRANSPORT_TIMEOUT = _env["TRANSPORT_TIMEOUT"]
 ENGINE_READY_TIMEOUT = _env["ENGINE_READY_TIMEOUT"]
 # The longest a benchmark may run (its task's time limit) when its profile does not bound it.
