@@ -7,7 +7,7 @@ from django.conf import settings
 from controlpanel import timelimits
 from controlpanel.jobs import run_job
 from hosts.models import EngineOperation, HostCheck
-from hosts.services import checks, operations, telemetry
+from hosts.services import checks, operations, telemetry, telemetry_fleet
 
 OPERATION_LIMIT = timelimits.operation(settings.ENGINE_READY_TIMEOUT)
 
@@ -52,7 +52,20 @@ def restart_engine(operation_pk: int) -> None:
 
 @shared_task(ignore_result=True, **timelimits.POLL_TELEMETRY.options())
 def poll_telemetry() -> int:
-    return telemetry.poll_telemetry()
+    shards = settings.TELEMETRY_SHARDS
+    if not shards:
+        return telemetry.poll_telemetry()
+    # Fleet scale: one task a shard, for whichever workers are free; a shard's poll that
+    # could not start within the second is stale (the next one is already queued).
+    expires = max(settings.TELEMETRY_INTERVAL, 1.0)
+    for shard in range(shards):
+        poll_telemetry_shard.apply_async((shard, shards), expires=expires)
+    return shards
+
+
+@shared_task(ignore_result=True, **timelimits.POLL_TELEMETRY.options())
+def poll_telemetry_shard(shard: int, shards: int) -> int:
+    return telemetry_fleet.poll_shard(shard, shards).samples
 
 
 @shared_task(**timelimits.DOWNSAMPLE_TELEMETRY.options())

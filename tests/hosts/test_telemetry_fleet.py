@@ -1,0 +1,176 @@
+"""Telemetry at fleet scale (hosts.services.telemetry_fleet): batches of readings stored with
+one insert, shards that partition the fleet, hosts polled concurrently over HTTP from the
+fleet simulator (hosts.agent.fleet), a slow host that does not hold back the others."""
+
+import asyncio
+import threading
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from hosts.agent.fleet import Fleet
+from hosts.models import Gpu, GpuSample, Host
+from hosts.services import telemetry_fleet
+from hosts.services.transports import forget_transport
+from tests.factories import make_gpu, make_host
+from tests.hosts.test_telemetry_store import reading
+
+pytestmark = pytest.mark.django_db
+
+
+def two_gpu_hosts(n):
+    # Online already: the steady state (a host coming online is told so once, per host).
+    hosts = []
+    for _ in range(n):
+        host = make_host(status="online")
+        for i in range(2):
+            make_gpu(host, index=i, uuid=f"GPU-aaaa-{i}-{host.pk}")
+        hosts.append(host)
+    return hosts
+
+
+def readings_for(hosts, util=(50, 0)):
+    out = []
+    for host in Host.objects.filter(pk__in=[h.pk for h in hosts]).prefetch_related(
+        "gpus", "deployments__gpus"
+    ):
+        r = reading(util=util)
+        for item in r["gpus"]:
+            item["uuid"] = f"GPU-aaaa-{item['index']}-{host.pk}"
+        out.append((host, r))
+    return out
+
+
+def inserts(captured):
+    return [q["sql"] for q in captured.captured_queries if q["sql"].startswith("INSERT")]
+
+
+def test_a_batch_is_one_insert_and_the_same_queries_for_n_or_3n_hosts():
+    counts = []
+    for n in (3, 9):
+        batch = readings_for(two_gpu_hosts(n))
+        with CaptureQueriesContext(connection) as captured:
+            stored = telemetry_fleet.record_batch(batch)
+        assert stored == 2 * n
+        sample_inserts = [s for s in inserts(captured) if "gpusample" in s]
+        assert len(sample_inserts) == 1, sample_inserts
+        counts.append(len(captured.captured_queries))
+    assert counts[0] == counts[1], counts  # nothing per host or per GPU
+
+
+def test_a_batch_stores_the_values_and_the_newest_readings():
+    hosts = two_gpu_hosts(2)
+    telemetry_fleet.record_batch(readings_for(hosts, util=(73.5, 4)))
+    for host in hosts:
+        busy = GpuSample.objects.get(gpu__host=host, gpu__index=0)
+        assert busy.utilization_pct == 73.5 and busy.power_w == 400.0
+        assert busy.memory_used_bytes == 60 * 2**30 and busy.clocks_event_reasons == 0
+        idle = Gpu.objects.get(host=host, index=1)
+        assert idle.last_sample["utilization_gpu_pct"] == 4 and idle.last_sample_at is not None
+        host.refresh_from_db()
+        assert host.status == "online" and host.host_readings["cpu_percent"] == 12.5
+        assert host.last_seen_at == busy.time
+
+
+def test_shards_partition_the_hosts_exactly():
+    hosts = {make_host().pk for _ in range(10)}
+    seen = [{h.pk for h in telemetry_fleet.shard_hosts(shard, 3)} & hosts for shard in range(3)]
+    assert set().union(*seen) == hosts
+    assert sum(len(s) for s in seen) == len(hosts)
+    assert all(seen)
+
+
+def test_a_shard_still_running_skips():
+    from django.core.cache import cache
+
+    cache.add("telemetry-shard:4:1", 1, timeout=30)
+    try:
+        assert telemetry_fleet.poll_shard(1, 4).skipped
+    finally:
+        cache.delete("telemetry-shard:4:1")
+    assert not telemetry_fleet.poll_shard(1, 4).skipped
+
+
+def test_beat_enqueues_one_task_per_shard(settings, monkeypatch):
+    from hosts import tasks
+
+    sent = []
+    monkeypatch.setattr(
+        tasks.poll_telemetry_shard, "apply_async", lambda args, **kw: sent.append(args)
+    )
+    settings.TELEMETRY_SHARDS = 3
+    assert tasks.poll_telemetry() == 3
+    assert sent == [(0, 3), (1, 3), (2, 3)]
+
+
+# --- over HTTP, against the fleet simulator ------------------------------------------------------
+@pytest.fixture
+def fleet_agents():
+    """Simulated agents on free ports in a background loop; ``hold`` is an event the agent
+    numbered ``slow`` waits on before answering (set it to let it answer)."""
+    fleet = Fleet(3, "h100-sxm:8", "fleet-token")
+    loop = asyncio.new_event_loop()
+    hold = threading.Event()
+    state = {"slow": None}
+
+    async def start():
+        servers = []
+        for number in range(3):
+
+            async def handle(reader, writer, number=number):
+                if number == state["slow"]:
+                    await loop.run_in_executor(None, hold.wait, 30)
+                await fleet.serve_connection(number, reader, writer)
+
+            servers.append(await asyncio.start_server(handle, "127.0.0.1", 0))
+        return [s.sockets[0].getsockname()[1] for s in servers]
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    ports = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+    hosts = [make_host(port=port, agent_token="fleet-token") for port in ports]
+    yield hosts, hold, state
+    hold.set()
+    for host in hosts:
+        forget_transport(host.pk)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+def due(hosts):
+    return [h for h in telemetry_fleet.due_hosts(0, 1) if h.pk in {x.pk for x in hosts}]
+
+
+def test_hosts_polled_over_http_are_stored_with_their_gpus(fleet_agents):
+    hosts, _hold, _state = fleet_agents
+    hosts[2].agent_token = "wrong"
+    hosts[2].save()
+    result = telemetry_fleet.poll_hosts(due(hosts))
+    assert result.hosts == 3 and result.failed == 1 and result.samples == 16
+    for host in hosts[:2]:
+        host.refresh_from_db()
+        assert host.status == "online" and host.gpus.count() == 8  # inventory learned
+        assert GpuSample.objects.filter(gpu__host=host).count() == 8
+    hosts[2].refresh_from_db()
+    assert hosts[2].status == "auth_failed"
+
+
+def test_a_slow_host_does_not_hold_back_the_others(fleet_agents, settings, monkeypatch):
+    hosts, hold, state = fleet_agents
+    settings.TRANSPORT_TIMEOUT = 60  # the slow host is slow, not down
+    telemetry_fleet.poll_hosts(due(hosts))  # learn the inventories first
+    state["slow"] = 1
+    batches = []
+    real = telemetry_fleet.record_batch
+
+    def recording(readings, **kw):
+        batches.append({h.pk for h, _ in readings})
+        hold.set()  # the slow host answers only once the first batch is being written
+        return real(readings, **kw)
+
+    monkeypatch.setattr(telemetry_fleet, "record_batch", recording)
+    result = telemetry_fleet.poll_hosts(due(hosts), deadline=0.5)
+    assert batches[0] == {hosts[0].pk, hosts[2].pk}
+    assert batches[1:] == [{hosts[1].pk}]
+    assert result.samples == 24 and result.failed == 0
