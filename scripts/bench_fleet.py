@@ -1,0 +1,318 @@
+#!/usr/bin/env python3
+"""Fleet telemetry at scale (issue 22): 500 hosts x 8 GPUs polled every second by real Celery
+worker(s) and beat on PostgreSQL + Redis, against the fleet simulator (hosts.agent.fleet).
+
+1. creates a fresh PostgreSQL database (``--db``, dropped first) and migrates it;
+2. starts the fleet simulator (one process, one port per host from ``--base-port``) and
+   creates ``--hosts`` agent hosts with their GPUs (the simulator's UUIDs) through the ORM;
+3. starts ``celery beat`` and one ``celery worker`` (``--concurrency``) with
+   ``TELEMETRY_SHARDS=--shards``, Redis db ``--redis-db`` as broker (flushed first);
+4. for ``--seconds`` watches the samples table from outside: every 0.2 s it reads the rows
+   committed since its last look, so a row's lag is (when this script first saw it − the
+   reading time the agent stamped): an upper bound, 0.2 s resolution plus one query;
+5. prints poll lag p50/p99/max, samples/s against the 1 Hz target, CPU of the worker(s),
+   beat, simulator and PostgreSQL over the window, the tables' growth (pg_total_relation_size)
+   per hour and per day, the minute roll-up's duration over the collected samples, and the
+   hosts list / dashboard times and query counts with the fleet in place.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/x REDIS_URL=redis://127.0.0.1:6379/12 \\
+      flock /tmp/h/bench.lock .venv/bin/python scripts/bench_fleet.py --seconds 120
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psutil
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def fresh_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+def tree_cpu(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for proc in procs:
+        for p in [proc, *proc.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+    return total
+
+
+def postgres_cpu() -> float:
+    total = 0.0
+    for p in psutil.process_iter(["name"]):
+        if (p.info["name"] or "").startswith("postgres"):
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=500)
+    parser.add_argument("--gpus", default="h100-sxm:8")
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--seconds", type=int, default=120)
+    parser.add_argument("--warmup", type=int, default=15)
+    parser.add_argument("--base-port", type=int, default=20000)
+    parser.add_argument("--db", default="controlpanel_fleet_bench")
+    parser.add_argument("--redis-db", type=int, default=12)
+    args = parser.parse_args()
+
+    print(f"nproc {os.cpu_count()}, CPU {cpu_model()}, load at start {os.getloadavg()}")
+    db_url = fresh_database(
+        os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"), args.db
+    )
+    redis_url = f"redis://127.0.0.1:6379/{args.redis_db}"
+    token = secrets.token_urlsafe(24)
+    env = {
+        **os.environ,
+        "DATABASE_URL": db_url,
+        "REDIS_URL": redis_url,
+        "TELEMETRY_SHARDS": str(args.shards),
+        "DJANGO_SETTINGS_MODULE": "controlpanel.settings",
+        "ADVISOR_INTERVAL_SECONDS": os.environ.get("ADVISOR_INTERVAL_SECONDS", "0"),
+    }
+    env.setdefault("SECRET_KEY", "bench-only-" + "x" * 50)
+    env.setdefault("VAR_DIR", tempfile.mkdtemp(prefix="bench_fleet_"))
+    os.environ.update(env)
+    import redis  # the panel's own client library
+
+    redis.Redis.from_url(redis_url).flushdb()  # this benchmark's db only
+    t0 = time.monotonic()
+    subprocess.run([PY, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+    print(f"migrated in {time.monotonic() - t0:.1f} s")
+
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from hosts.agent.simulated import SimulatedGpus, parse_simulate
+    from hosts.models import Gpu, Host
+
+    spec, count = parse_simulate(args.gpus)
+    for i in range(args.hosts):
+        # One save each: saving binds the token to its destination (a bulk insert would not).
+        Host.objects.create(
+            name=f"fleet-{i:04d}",
+            address="127.0.0.1",
+            transport="agent",
+            port=args.base_port + i,
+            agent_token=token,
+            status="online",
+            labels={"rack": f"r{i // 50}", "zone": "bench"},
+        )
+    hosts = list(Host.objects.order_by("port"))
+    gpus = []
+    for i, host in enumerate(hosts):
+        sim = SimulatedGpus(spec, count, seed=f"fleet-{i:04d}")
+        for item in sim.inventory_gpus():
+            gpus.append(
+                Gpu(
+                    host=host,
+                    index=item["index"],
+                    uuid=item["uuid"],
+                    name=item["name"],
+                    memory_bytes=item["memory_total_bytes"],
+                    numa_node=item["numa_node"],
+                )
+            )
+    Gpu.objects.bulk_create(gpus, batch_size=2000)
+    print(f"{len(hosts)} hosts, {len(gpus)} GPUs created")
+
+    fleet = subprocess.Popen(
+        [PY, "-m", "hosts.agent.fleet", "--hosts", str(args.hosts), "--gpus", args.gpus]
+        + ["--base-port", str(args.base_port), "--token", token],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert "ready" in fleet.stdout.readline(), "the fleet simulator did not start"
+    logs = Path(env["VAR_DIR"])
+    logs.mkdir(parents=True, exist_ok=True)
+    celery = [PY, "-m", "celery", "-A", "controlpanel"]
+    worker = subprocess.Popen(
+        celery + ["worker", "-l", "WARNING", f"--concurrency={args.concurrency}"],
+        cwd=ROOT,
+        env=env,
+        stdout=open(logs / "worker.log", "w"),  # noqa: SIM115
+        stderr=subprocess.STDOUT,
+    )
+    beat = subprocess.Popen(
+        celery + ["beat", "-l", "WARNING", "-s", str(logs / "beat-schedule")],
+        cwd=ROOT,
+        env=env,
+        stdout=open(logs / "beat.log", "w"),  # noqa: SIM115
+        stderr=subprocess.STDOUT,
+    )
+    procs = {p: psutil.Process(p.pid) for p in (worker, beat, fleet)}
+    lags: list[float] = []
+    try:
+        with connection.cursor() as cur:
+            time.sleep(args.warmup)
+            cur.execute("SELECT coalesce(max(id), 0) FROM hosts_gpusample")
+            last_id = cur.fetchone()[0]
+            size_sql = (
+                "SELECT pg_total_relation_size('hosts_gpusample'),"
+                " pg_total_relation_size('hosts_gpusampleminute')"
+            )
+            cur.execute(size_sql)
+            size0 = cur.fetchone()
+            cpu0 = {p: tree_cpu([proc]) for p, proc in procs.items()}
+            pg0, wall0 = postgres_cpu(), time.monotonic()
+            start = time.time()
+            rows = 0
+            while time.time() - start < args.seconds:
+                time.sleep(0.2)
+                cur.execute(
+                    "SELECT extract(epoch FROM time)::float8, count(*), max(id)"
+                    " FROM hosts_gpusample WHERE id > %s GROUP BY 1",
+                    [last_id],
+                )
+                seen = time.time()
+                for stamp, n, top in cur.fetchall():
+                    lags.extend([seen - stamp] * n)
+                    rows += n
+                    last_id = max(last_id, top)
+            wall = time.monotonic() - wall0
+            cpu1 = {p: tree_cpu([proc]) for p, proc in procs.items()}
+            pg1 = postgres_cpu()
+            cur.execute(size_sql)
+            size1 = cur.fetchone()
+            load = os.getloadavg()
+        expected = len(gpus) * args.seconds
+        print(
+            f"\n--- {args.seconds} s, {args.shards} shards, worker concurrency {args.concurrency}"
+        )
+        print(f"load during (1 min avg at end): {load}")
+        print(
+            f"samples: {rows} stored = {rows / args.seconds:.0f}/s "
+            f"({100 * rows / expected:.1f} % of {len(gpus)} GPUs x 1 Hz)"
+        )
+        print(
+            f"poll lag (reading time at the agent -> row seen committed), s: "
+            f"p50 {pct(lags, 0.5):.3f}  p99 {pct(lags, 0.99):.3f}  max {max(lags or [0]):.3f}"
+        )
+        for name, p in (("worker", worker), ("beat", beat), ("fleet simulator", fleet)):
+            used = cpu1[p] - cpu0[p]
+            print(
+                f"CPU {name}: {used:.1f} s over {wall:.0f} s = {100 * used / wall:.0f} % of a core"
+            )
+        print(f"CPU postgres (all its processes): {100 * (pg1 - pg0) / wall:.0f} % of a core")
+        for i, table in enumerate(("raw samples", "minute aggregates")):
+            per_s = (size1[i] - size0[i]) / wall
+            print(
+                f"{table}: {size1[i] / 2**20:.1f} MiB now, +{per_s * 3600 / 2**20:.0f} MiB/h,"
+                f" {per_s * 86400 / 2**30:.2f} GiB/day at this rate"
+            )
+        with connection.cursor() as cur:
+            cur.execute("SELECT count(*) FROM hosts_gpusample")
+            raw_rows = cur.fetchone()[0]
+        if raw_rows:
+            row_bytes = size1[0] / raw_rows
+            print(
+                f"raw bytes/row {row_bytes:.0f}: with {60} min retention the raw table holds "
+                f"{len(gpus) * 3600 * row_bytes / 2**30:.2f} GiB in steady state"
+            )
+
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        from hosts.models import GpuSampleMinute
+        from hosts.services.telemetry import downsample_telemetry
+
+        t0 = time.perf_counter()
+        folded = downsample_telemetry(timezone.now() + timedelta(minutes=1))
+        took = time.perf_counter() - t0
+        minutes = GpuSampleMinute.objects.count()
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_total_relation_size('hosts_gpusampleminute')")
+            minute_bytes = cur.fetchone()[0]
+        print(
+            f"minute roll-up: {took:.2f} s for {raw_rows} raw rows -> {folded['aggregated']} "
+            f"minute rows; {minute_bytes / max(minutes, 1):.0f} bytes/minute row -> "
+            f"{len(gpus) * 1440 * minute_bytes / max(minutes, 1) / 2**30:.2f} GiB/day of minutes"
+        )
+        pages()
+    finally:
+        for proc in (beat, worker):
+            proc.terminate()
+        fleet.terminate()
+        for proc in (beat, worker):
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def pages() -> None:
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    user = get_user_model().objects.create_superuser("bench", "bench@example.com", "x" * 20)
+    client = Client(HTTP_HOST="localhost", HTTP_X_FORWARDED_PROTO="https", secure=True)
+    client.force_login(user)
+    for url in ("/hosts/", "/"):
+        times = []
+        for _ in range(6):
+            with CaptureQueriesContext(connection) as captured:
+                t0 = time.perf_counter()
+                response = client.get(url)
+                times.append(time.perf_counter() - t0)
+        print(
+            f"page {url}: {response.status_code}, {len(captured.captured_queries)} queries,"
+            f" {len(response.content) / 1024:.0f} KiB,"
+            f" median {statistics.median(times[1:]) * 1000:.0f} ms"
+            f" (max {max(times[1:]) * 1000:.0f} ms, in-process, while the fleet is polled)"
+        )
+
+
+if __name__ == "__main__":
+    main()
