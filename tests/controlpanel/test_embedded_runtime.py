@@ -35,12 +35,16 @@ def test_service_call_is_executed_by_the_worker_thread(runtime, operator):
         host = make_host(port=sock.getsockname()[1])
         before = worker_state.total_count["hosts.tasks.check_host"]
         check = checks.request_host_check(operator, host)
-        deadline = time.monotonic() + 15
+        # Wait on the worker's own counters, not by reading the row: SQLite's shared-cache
+        # in-memory test database has no busy wait, so a read here while the worker thread
+        # writes the check fails its write at once ("database table is locked").
+        deadline = time.monotonic() + 120  # generous: a loaded machine starts threads late
         while time.monotonic() < deadline:
-            check.refresh_from_db()
-            if check.is_finished:
+            taken = worker_state.total_count["hosts.tasks.check_host"] > before
+            if taken and not worker_state.active_requests:
                 break
             time.sleep(0.05)
+        check.refresh_from_db()
     assert check.status == OperationStatus.SUCCEEDED, check.error
     assert check.reachable is True
     # It went through the worker: its consumer received the message and ran the request.
