@@ -30,4 +30,4 @@ RUN pip install -e . \
 
 USER panel
 EXPOSE 8000
-CMD ["uvicorn", "controlpanel.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--proxy-headers"]
+CMD ["python", "-m", "controlpanel.webserver"]

@@ -59,7 +59,10 @@ def test_services_volumes_and_healthchecks():
             "postgres"
         )
         assert "SECRET_KEY" not in env and env["SECRET_KEY_FILE"].startswith("/run/secrets/")
-    assert services["web"]["command"][0] == "uvicorn"
+    assert services["web"]["command"] == ["python", "-m", "controlpanel.webserver"]
+    # The web tier's settings reach it through the shared environment.
+    assert env["FORWARDED_ALLOW_IPS"] == "${FORWARDED_ALLOW_IPS:-127.0.0.1}"
+    assert env["WEB_CONCURRENCY"] == "${WEB_CONCURRENCY:-}"
     assert services["worker"]["command"][:4] == ["celery", "-A", "controlpanel", "worker"]
     assert services["beat"]["command"][:4] == ["celery", "-A", "controlpanel", "beat"]
 

@@ -64,10 +64,11 @@ def test_web_and_worker_commands_serve_check_and_stream_over_redis(
     operator.save()
     host = make_host(name="prod-host", port=listener)
     port = free_port()
-    cmd = compose_command("web")
-    cmd[cmd.index("--port") + 1] = str(port)
-    cmd[cmd.index("--host") + 1] = "127.0.0.1"
-    web = start("web", cmd, production_env)
+    # Two web worker processes: the socket and the check request may land in different ones,
+    # and the events still arrive (Redis channel layer, not process memory).
+    web_env = {**production_env, "WEB_HOST": "127.0.0.1", "WEB_PORT": str(port)}
+    web_env["WEB_CONCURRENCY"] = "2"
+    web = start("web", compose_command("web"), web_env)
     start("worker", compose_command("worker"), production_env).wait_for_output("ready.", 60)
     web.wait_for_output("Application startup complete", 60)
     base = f"http://127.0.0.1:{port}"

@@ -1,0 +1,92 @@
+"""The production web tier: `python -m controlpanel.webserver` runs uvicorn with several workers.
+
+One uvicorn process runs Django on one event loop and one CPU; a page that takes 20 ms of CPU
+caps a process near 50 page views/s whatever the machine has. Several worker processes behind
+one port (the kernel hands each accepted connection to one of them) use every CPU. WebSockets
+keep working across processes because Channels publishes through the Redis channel layer, not
+in-process memory (REDIS_URL is required in production for that reason).
+
+Why uvicorn's own supervisor (`--workers`) rather than gunicorn with uvicorn's worker class:
+since 0.30 it restarts a worker that dies, pings each worker and replaces one that stops
+answering (--timeout-worker-healthcheck, gunicorn's --timeout), recycles workers after a
+number of requests with jitter (--limit-max-requests, gunicorn's --max-requests), waits for
+requests in flight on SIGTERM (--timeout-graceful-shutdown) and restarts workers one by one
+on SIGHUP; so it covers what gunicorn would give us without another dependency, and without
+gunicorn's own flag set for the proxy headers.
+
+This module only builds the command line (no Django import, so it starts before settings are
+read) and replaces itself with uvicorn.
+"""
+
+import os
+import sys
+
+# Inside the container: the published port reaches it only on all interfaces.
+DEFAULT_BIND_HOST = "0.0.0.0"  # noqa: S104
+DEFAULT_PORT = 8000
+# Recycle a worker after this many requests (with jitter so they do not all restart at once):
+# a slow leak in a library cannot grow a long-lived process without bound.
+MAX_REQUESTS = 10_000
+MAX_REQUESTS_JITTER = 1_000
+# Requests in flight get this long to finish on a restart/stop; compose stops after 10 s.
+GRACEFUL_SHUTDOWN_SECONDS = 8
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (a container's cpuset, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def web_concurrency(environ: dict[str, str] | None = None) -> int:
+    """Worker processes: WEB_CONCURRENCY when set (the convention uvicorn and gunicorn share),
+    else one per CPU: the workers are async, so one process keeps one CPU busy."""
+    environ = os.environ if environ is None else environ
+    raw = (environ.get("WEB_CONCURRENCY") or "").strip()
+    if not raw:
+        return cpu_count()
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SystemExit(f"WEB_CONCURRENCY must be a whole number, not {raw!r}") from None
+    if value < 1:
+        raise SystemExit(f"WEB_CONCURRENCY must be at least 1, not {value}")
+    return value
+
+
+def uvicorn_argv(environ: dict[str, str] | None = None) -> list[str]:
+    """The uvicorn command line for the production web tier."""
+    environ = os.environ if environ is None else environ
+    return [
+        "uvicorn",
+        "controlpanel.asgi:application",
+        "--host",
+        environ.get("WEB_HOST") or DEFAULT_BIND_HOST,
+        "--port",
+        str(int(environ.get("WEB_PORT") or DEFAULT_PORT)),
+        "--workers",
+        str(web_concurrency(environ)),
+        # X-Forwarded-For is believed only from these addresses (login throttling per address
+        # and the audit log's addresses depend on it): the TLS proxy's, never "*" by default.
+        "--proxy-headers",
+        "--forwarded-allow-ips",
+        environ.get("FORWARDED_ALLOW_IPS") or "127.0.0.1",
+        "--limit-max-requests",
+        str(MAX_REQUESTS),
+        "--limit-max-requests-jitter",
+        str(MAX_REQUESTS_JITTER),
+        "--timeout-graceful-shutdown",
+        str(GRACEFUL_SHUTDOWN_SECONDS),
+    ]
+
+
+def main() -> None:
+    argv = uvicorn_argv()
+    # exec: uvicorn's supervisor takes this process's place and gets compose's signals.
+    os.execvp(sys.executable, [sys.executable, "-m", *argv])  # noqa: S606 (fixed argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""The production web tier's command line (controlpanel/webserver.py)."""
+
+import pytest
+
+from controlpanel import webserver
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_workers_default_to_the_cpus_this_process_may_use(monkeypatch):
+    monkeypatch.setattr(webserver.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    assert webserver.web_concurrency({}) == 3
+    assert webserver.web_concurrency({"WEB_CONCURRENCY": " "}) == 3
+    assert flag(webserver.uvicorn_argv({}), "--workers") == "3"
+
+
+def test_web_concurrency_sets_the_workers():
+    assert webserver.web_concurrency({"WEB_CONCURRENCY": "5"}) == 5
+    assert flag(webserver.uvicorn_argv({"WEB_CONCURRENCY": "2"}), "--workers") == "2"
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "many", "2.5"])
+def test_a_bad_web_concurrency_stops_with_a_message(value):
+    with pytest.raises(SystemExit, match="WEB_CONCURRENCY"):
+        webserver.web_concurrency({"WEB_CONCURRENCY": value})
+
+
+def test_command_line_keeps_the_proxy_header_rules_and_recycles_workers():
+    argv = webserver.uvicorn_argv({"WEB_CONCURRENCY": "2"})
+    assert argv[:2] == ["uvicorn", "controlpanel.asgi:application"]
+    assert flag(argv, "--host") == "0.0.0.0" and flag(argv, "--port") == "8000"
+    assert "--proxy-headers" in argv
+    # Never "*" by default: X-Forwarded-For is believed only from the proxy.
+    assert flag(argv, "--forwarded-allow-ips") == "127.0.0.1"
+    assert int(flag(argv, "--limit-max-requests")) > int(flag(argv, "--limit-max-requests-jitter"))
+    assert int(flag(argv, "--timeout-graceful-shutdown")) < 10  # compose's stop grace period
+
+    env = {"FORWARDED_ALLOW_IPS": "10.0.0.5", "WEB_HOST": "127.0.0.1", "WEB_PORT": "9001"}
+    argv = webserver.uvicorn_argv({**env, "WEB_CONCURRENCY": "1"})
+    assert flag(argv, "--forwarded-allow-ips") == "10.0.0.5"
+    assert flag(argv, "--host") == "127.0.0.1" and flag(argv, "--port") == "9001"
+
+
+def test_uvicorn_accepts_the_command_line():
+    # Every flag exists in the installed uvicorn (a renamed flag would stop the container).
+    from uvicorn.main import main as uvicorn_main
+
+    argv = webserver.uvicorn_argv({"WEB_CONCURRENCY": "2"})
+    ctx = uvicorn_main.make_context("uvicorn", argv[1:])
+    assert ctx.params["workers"] == 2 and ctx.params["proxy_headers"] is True
+    assert ctx.params["forwarded_allow_ips"] == "127.0.0.1"
