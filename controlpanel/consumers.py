@@ -26,6 +26,13 @@ CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
 CLOSE_SESSION_ENDED = 4401
 
+# Rechecks of a login in flight or recently answered in this process, shared by that login's
+# sockets: (session key, user pk, permission) -> (loop, monotonic start, task of the verdict).
+# A browser holds several sockets (dashboard, host, run pages) and each used to re-read the
+# session on its own; with 500 sockets over two processes the rechecks queued on the one
+# database thread of each process every 5 s and held events back over a second (issue 22).
+_rechecks: dict[tuple, tuple[asyncio.AbstractEventLoop, float, asyncio.Future]] = {}
+
 
 class ObjectConsumer(AsyncJsonWebsocketConsumer):
     """Streams the events of one object to a browser.
@@ -90,6 +97,32 @@ class ObjectConsumer(AsyncJsonWebsocketConsumer):
         user = auth.get_user(SimpleNamespace(session=store))
         return user.is_authenticated and user.pk == self.user_pk and user.has_perm(self.permission)
 
+    async def _shared_recheck(self) -> tuple[float, bool]:
+        """The verdict of a recheck of this login begun at most ``recheck_seconds`` ago (as
+        fresh as each socket checking alone allowed), running one if there is none.
+
+        Returns when that recheck started (the socket's new ``checked_at``) and its verdict.
+        """
+        loop = asyncio.get_running_loop()
+        key = (self.session_key, self.user_pk, self.permission)
+        now = time.monotonic()
+        entry = _rechecks.get(key)
+        if entry is None or entry[0] is not loop or now - entry[1] >= self.recheck_seconds:
+            for old_key, (old_loop, old_start, _) in list(_rechecks.items()):
+                if old_loop is not loop or now - old_start >= self.recheck_seconds:
+                    del _rechecks[old_key]
+            entry = (loop, now, asyncio.ensure_future(self._session_still_valid()))
+            _rechecks[key] = entry
+        _, started, verdict = entry
+        try:
+            # Shielded: one socket closing mid-check must not cancel the others' answer.
+            return started, await asyncio.shield(verdict)
+        except Exception:
+            # A failed read (database down) is not a verdict to hand to the next socket.
+            if _rechecks.get(key) is entry:
+                del _rechecks[key]
+            raise
+
     async def end_session(self):
         """Stop streaming for good: leave the groups, then close the socket."""
         if self.ended:
@@ -105,10 +138,11 @@ class ObjectConsumer(AsyncJsonWebsocketConsumer):
         if self.ended:
             return
         if self.session_key and time.monotonic() - self.checked_at >= self.recheck_seconds:
-            if not await self._session_still_valid():
+            started, valid = await self._shared_recheck()
+            if not valid:
                 await self.end_session()
                 return
-            self.checked_at = time.monotonic()
+            self.checked_at = started
         await self.send_json({"event": message["type"], "data": message.get("data", {})})
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
