@@ -208,6 +208,7 @@ class LoadRun:
                 # Before the clock starts: however long a slow /metrics takes to answer, the
                 # first points still come one a second from the start of the load.
                 await scraper.snapshot(0.0)
+            await self._before_epoch()
             self.epoch = CLOCK()
             background = [asyncio.create_task(self._ticker(scraper))]
             try:
@@ -231,6 +232,9 @@ class LoadRun:
                 await scraper.snapshot(CLOCK() - self.epoch)
             await self._emit(self._tick(scraper))  # the last, partial second
         return self._result(scraper, started_at)
+
+    async def _before_epoch(self) -> None:
+        """A hook for shards on other machines: they wait here for the shared start time."""
 
     async def _wait_ready(self, client: httpx.AsyncClient) -> None:
         """Wait until the server is ready (``hosts.engines.readiness``) and serves our model."""

@@ -1,0 +1,300 @@
+"""A load spread over shards that may run on other machines, merged exactly.
+
+Unlike ``shard.py`` (processes of one machine dividing the rate, merged on ``perf_counter``),
+here every shard computes the WHOLE arrival schedule of each open-loop stage from the spec's
+seed and sends only request numbers ``i % shards == shard``: the union of the shards is the
+one schedule a single process would send, with no duplicates, whatever the number of shards.
+All shards start at one absolute wall-clock time; a shard's clock is corrected by its offset
+to a common reference (Redis TIME, PostgreSQL now(): whatever the caller's ``reference``
+reads), estimated NTP-style from the round trip with the smallest delay. Records come back in
+corrected wall-clock seconds so the coordinator merges them on one time base and computes the
+percentiles over the union with the very ``summarize`` a single process uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from dataclasses import dataclass, fields, replace
+
+from benchmarks.loadgen.arrivals import open_loop_offsets, open_loop_stream
+from benchmarks.loadgen.client import CLOCK
+from benchmarks.loadgen.runner import LoadGenError, LoadRun
+from benchmarks.loadgen.shard import TICK_SUMS
+from benchmarks.loadgen.spec import LoadSpec, Stage
+from benchmarks.loadgen.stats import RequestRecord, percentile, summarize
+
+# A stage with no request count has no known length: its request numbers get a block this big,
+# so the next stage's numbers never collide (every shard computes the same blocks).
+UNBOUNDED_STAGE_BLOCK = 10_000_000
+
+
+class ShardFailed(LoadGenError):
+    """A shard failed or stalled: the run fails with its reason rather than merging less."""
+
+
+@dataclass(frozen=True)
+class ClockOffset:
+    """How far a shard's clock is behind the reference (add ``offset_s`` to local time) and
+    how sure we are: half the round trip of the best sample bounds the error."""
+
+    offset_s: float
+    uncertainty_s: float
+    samples: int
+
+
+def estimate_offset(samples: list[tuple[float, float, float]]) -> ClockOffset:
+    """``samples``: (local before, reference, local after) in seconds. The sample with the
+    shortest round trip is the least queued one; the reference was read somewhere inside it,
+    so assuming the middle is wrong by at most half of it."""
+    if not samples:
+        raise ValueError("no clock samples")
+    before, reference, after = min(samples, key=lambda s: s[2] - s[0])
+    return ClockOffset(
+        offset_s=reference - (before + after) / 2,
+        uncertainty_s=(after - before) / 2,
+        samples=len(samples),
+    )
+
+
+def measure_offset(reference, rounds: int = 16) -> ClockOffset:
+    """Call ``reference()`` (returns the reference clock's seconds) ``rounds`` times."""
+    samples = []
+    for _ in range(rounds):
+        before = time.time()
+        ref = reference()
+        samples.append((before, ref, time.time()))
+    return estimate_offset(samples)
+
+
+def stage_plan(spec: LoadSpec, stage_number: int) -> tuple[int, list[float] | None]:
+    """(first request number, offsets or None when unbounded) of one open-loop stage."""
+    base = 0
+    for stage in spec.stages[:stage_number]:
+        base += stage.num_requests if stage.num_requests is not None else UNBOUNDED_STAGE_BLOCK
+    stage = spec.stages[stage_number]
+    if stage.request_rate is None:
+        raise LoadGenError(
+            f"stage {stage.name!r}: distributed shards run open-loop (request rate) stages only"
+        )
+    if stage.num_requests is None:
+        return base, None
+    rng = random.Random(f"arrivals:{spec.seed}:{stage.name}")
+    return base, open_loop_offsets(stage.num_requests, stage.request_rate, stage.burstiness, rng)
+
+
+def shard_indices(spec: LoadSpec, shard: int, shards: int) -> list[tuple[int, float]]:
+    """(request number, offset in its stage) a shard sends, for bounded stages (tests, UI)."""
+    out = []
+    for number in range(len(spec.stages)):
+        base, offsets = stage_plan(spec, number)
+        if offsets is None:
+            raise LoadGenError("an unbounded stage has no finite plan")
+        out.extend((base + i, o) for i, o in enumerate(offsets) if i % shards == shard)
+    return out
+
+
+class ShardRun(LoadRun):
+    """One shard of a distributed run: starts at ``start_at`` (reference wall clock), sends
+    its share of every stage's whole schedule, stamps records in reference wall-clock time."""
+
+    def __init__(
+        self,
+        spec: LoadSpec,
+        shard: int,
+        shards: int,
+        start_at: float,
+        offset: ClockOffset,
+        on_progress=None,
+        clock=time.time,
+    ):
+        # Warm-up requests are not part of the shared schedule (each shard would start its
+        # stages at a different time after them): the coordinator warms the engine up once.
+        super().__init__(
+            replace(spec, warmup_requests=0, workers=1, record_requests=True),
+            on_progress=on_progress,
+            shard=(shard, shards),
+        )
+        self.start_at = start_at
+        self.offset = offset
+        self.clock = clock  # this machine's wall clock (tests give a skewed one)
+        self.epoch_wall = math.nan
+        self._stage_number = 0
+
+    async def _before_epoch(self) -> None:
+        delay = self.start_at - (self.clock() + self.offset.offset_s)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        # The moment the run's monotonic clock starts, in reference seconds.
+        self.epoch_wall = self.clock() + self.offset.offset_s
+
+    async def _stage(self, stage: Stage) -> None:
+        number = self._stage_number
+        self._stage_number += 1
+        self.stage_name = stage.name
+        base, offsets = stage_plan(self.spec, number)
+        start = CLOCK() - self.epoch
+        deadline = start + stage.duration_s if stage.duration_s else math.inf
+        if offsets is None:
+            rng = random.Random(f"arrivals:{self.spec.seed}:{stage.name}")
+            offsets = open_loop_stream(stage.request_rate, stage.burstiness, rng)
+        worker, workers = self.shard
+
+        def plan():
+            for i, offset in enumerate(offsets):
+                if i % workers == worker:
+                    # _dispatch numbers the record from _next_index: the schedule's number.
+                    self._next_index = base + i
+                    yield start + offset, None
+
+        semaphore = asyncio.Semaphore(stage.max_concurrency) if stage.max_concurrency else None
+        await self._dispatch(stage.name, plan(), deadline, semaphore)
+
+
+def shard_report(load: ShardRun, result, hostname: str = "") -> dict:
+    """What a shard sends back: its records in reference wall-clock seconds and its health."""
+    records = [r for r in result.records or ()]
+    for data in records:
+        for key in ("scheduled", "sent", "end", "first_token"):
+            if data.get(key) is not None:
+                data[key] = data[key] + load.epoch_wall
+        data["chunk_times"] = [t + load.epoch_wall for t in data["chunk_times"]]
+    late = sorted(
+        (d["sent"] - d["scheduled"]) * 1000
+        for d in records
+        if d["sent"] is not None and not math.isnan(d["sent"])
+    )
+    return {
+        "shard": load.shard[0],
+        "hostname": hostname,
+        "epoch_wall": load.epoch_wall,
+        "offset_s": load.offset.offset_s,
+        "offset_uncertainty_s": load.offset.uncertainty_s,
+        "records": records,
+        "timeline": [dict(p, t_wall=load.epoch_wall + p["t"]) for p in result.timeline],
+        "sent": len(records),
+        "done": sum(1 for d in records if d["error_class"] is None),
+        "failed": sum(1 for d in records if d["error_class"] is not None),
+        "late_p99_ms": percentile(late, 99) if late else None,
+        "error": None,
+    }
+
+
+def to_records(data: list[dict]) -> list[RequestRecord]:
+    names = {f.name for f in fields(RequestRecord)}
+    return [RequestRecord(**{k: v for k, v in d.items() if k in names}) for d in data]
+
+
+# Levels (cumulative counts, requests in flight) hold between a shard's ticks; rates are added
+# only in the second they were measured in.
+LEVELS = ("in_flight", "completed", "failed")
+
+
+def merge_timelines(reports: list[dict]) -> list[dict]:
+    """Per wall-clock second since the run's first start, the shards' points added up: a
+    shard's tick lands in the second its wall-clock time falls in (shards start a fraction
+    apart, so their ticks do not line up), and its levels carry over a second it missed."""
+    start = min(r["epoch_wall"] for r in reports)
+    per_shard = []
+    for report in reports:
+        by_second = {}
+        for point in report["timeline"]:
+            by_second[math.floor(point["t_wall"] - start + 1e-6)] = point
+        per_shard.append(by_second)
+    seconds = sorted({s for by_second in per_shard for s in by_second})
+    merged = []
+    last: list[dict] = [{} for _ in per_shard]
+    for second in seconds:
+        point = {"t": second + 1, **dict.fromkeys(TICK_SUMS, 0)}
+        for number, by_second in enumerate(per_shard):
+            tick = by_second.get(second)
+            if tick is not None:
+                last[number] = tick
+            for key in TICK_SUMS:
+                source = last[number] if key in LEVELS else (tick or {})
+                point[key] += source.get(key) or 0
+        merged.append(point)
+    return merged
+
+
+# A shard whose sends were this late at p99 measured its own delay, not the server's.
+BEHIND_MS = 50.0
+
+
+def merge_reports(reports: list[dict], expected: int, goodput=None) -> dict:
+    """The run's result over the union of every shard's records. A missing or failed shard
+    fails the merge with its reason: a result of fewer shards would look like a lighter load."""
+    failed = [r for r in reports if r.get("error")]
+    if failed:
+        raise ShardFailed("; ".join(f"shard {r['shard']}: {r['error']}" for r in failed))
+    missing = sorted(set(range(expected)) - {r["shard"] for r in reports})
+    if missing:
+        raise ShardFailed(f"shard(s) {missing} sent no result")
+    records = sorted(
+        (r for report in reports for r in to_records(report["records"])), key=lambda r: r.index
+    )
+    kept = [r for r in records if r.error_class != "cancelled"]
+    stages = {
+        name: summarize([r for r in kept if r.stage == name], goodput)
+        for name in dict.fromkeys(r.stage for r in kept if not r.warmup)
+    }
+    summary = summarize(kept, goodput)
+    summary["cancelled_requests"] = len(records) - len(kept)
+    summary["shards"] = expected
+    health = [
+        {
+            key: report.get(key)
+            for key in (
+                "shard",
+                "hostname",
+                "sent",
+                "done",
+                "failed",
+                "offset_s",
+                "offset_uncertainty_s",
+                "late_p99_ms",
+            )
+        }
+        | {"behind": (report.get("late_p99_ms") or 0) > BEHIND_MS}
+        for report in sorted(reports, key=lambda r: r["shard"])
+    ]
+    return {
+        "summary": summary,
+        "stages": stages,
+        "timeline": merge_timelines(reports),
+        "shards": health,
+        "records": kept,
+    }
+
+
+def run_shard(
+    spec: LoadSpec,
+    shard: int,
+    shards: int,
+    start_at: float,
+    offset: ClockOffset,
+    hostname="",
+    clock=time.time,
+) -> dict:
+    """Runs one shard to the end on its own event loop; a failure is reported, not raised,
+    so the coordinator can name the shard and its reason."""
+    load = ShardRun(spec, shard, shards, start_at, offset, clock=clock)
+    try:
+        result = asyncio.run(load.execute())
+    except Exception as exc:  # noqa: BLE001 - any failure is this shard's reason
+        return {"shard": shard, "hostname": hostname, "error": f"{type(exc).__name__}: {exc}"}
+    return shard_report(load, result, hostname)
+
+
+__all__ = [
+    "ClockOffset",
+    "ShardFailed",
+    "ShardRun",
+    "estimate_offset",
+    "measure_offset",
+    "merge_reports",
+    "run_shard",
+    "shard_indices",
+]
