@@ -66,6 +66,21 @@ def _read():
         )
     except ValueError as exc:
         raise EnvError("DATABASE_URL", database_url, f"a database URL ({exc})") from None
+    pool_size = env_int("DATABASE_POOL_SIZE", 0, minimum=0)
+    if pool_size and database["ENGINE"] != "django.db.backends.sqlite3":
+        # Under ASGI every request runs in its own thread and a persistent connection belongs
+        # to its thread: with CONN_MAX_AGE each finished request's thread leaves an open
+        # connection behind until PostgreSQL refuses new ones ("too many clients", measured by
+        # scripts/bench_web.py). Django's docs: disable persistent connections under ASGI and
+        # pool instead. psycopg's pool hands each request a connection and takes it back.
+        database["CONN_MAX_AGE"] = 0
+        database.setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1,
+            "max_size": pool_size,
+            # A request waits this long for a free connection, then fails with an error
+            # instead of hanging behind a saturated pool.
+            "timeout": 10,
+        }
     if database["ENGINE"] == "django.db.backends.sqlite3":
         name = Path(str(database.get("NAME") or ""))
         if str(name) not in ("", ":memory:") and name.parent.is_dir():
@@ -115,6 +130,7 @@ def _read():
         "TELEMETRY_SHARDS": env_int("TELEMETRY_SHARDS", 0, minimum=0),
         "TELEMETRY_POLL_CONNECTIONS": env_int("TELEMETRY_POLL_CONNECTIONS", 100, minimum=1),
         "TELEMETRY_BATCH_DEADLINE": env_float("TELEMETRY_BATCH_DEADLINE", 0.7, minimum=0),
+        "TELEMETRY_DELETE_CHUNK": env_int("TELEMETRY_DELETE_CHUNK", 50000, minimum=100),
         "TRANSPORT_TIMEOUT": env_float("TRANSPORT_TIMEOUT_SECONDS", 5.0, minimum=0.1),
         "ENGINE_READY_TIMEOUT": env_float("ENGINE_READY_TIMEOUT_SECONDS", 600.0, minimum=1),
         "SSH_REMOTE_DIR": env_str("SSH_REMOTE_DIR", "~/.llm-panel"),
@@ -444,6 +460,9 @@ TELEMETRY_MINUTE_RETENTION_DAYS = _env["TELEMETRY_MINUTE_DAYS"]
 TELEMETRY_SHARDS = _env["TELEMETRY_SHARDS"]
 TELEMETRY_POLL_CONNECTIONS = _env["TELEMETRY_POLL_CONNECTIONS"]
 TELEMETRY_BATCH_DEADLINE = _env["TELEMETRY_BATCH_DEADLINE"]
+# Retention deletes (hosts.services.telemetry_sql): at most this many rows a statement and
+# transaction, so a backlog of expired samples never becomes one giant delete.
+TELEMETRY_DELETE_CHUNK = _env["TELEMETRY_DELETE_CHUNK"]
 TRANSPORT_TIMEOUT = _env["TRANSPORT_TIMEOUT"]
 ENGINE_READY_TIMEOUT = _env["ENGINE_READY_TIMEOUT"]
 # The longest a benchmark may run (its task's time limit) when its profile does not bound it.

@@ -30,6 +30,12 @@ MAX_REQUESTS = 10_000
 MAX_REQUESTS_JITTER = 1_000
 # Requests in flight get this long to finish on a restart/stop; compose stops after 10 s.
 GRACEFUL_SHUTDOWN_SECONDS = 8
+# Database connections each worker process may hold (psycopg's pool, DATABASE_POOL_SIZE): under
+# ASGI each request runs in its own thread, and persistent per-thread connections
+# (DATABASE_CONN_MAX_AGE) pile up until PostgreSQL refuses clients; a pool bounds them. Ten
+# covers the requests one process runs at once (its CPU is the limit before that, see
+# scripts/bench_web.py) and keeps 2-4 workers far below PostgreSQL's 100 connections.
+DEFAULT_POOL_SIZE = 10
 
 
 def cpu_count() -> int:
@@ -82,10 +88,19 @@ def uvicorn_argv(environ: dict[str, str] | None = None) -> list[str]:
     ]
 
 
+def server_environ(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment the web workers run with: a database connection pool unless
+    DATABASE_POOL_SIZE says otherwise (0 turns it off)."""
+    environ = dict(os.environ if environ is None else environ)
+    if not (environ.get("DATABASE_POOL_SIZE") or "").strip():
+        environ["DATABASE_POOL_SIZE"] = str(DEFAULT_POOL_SIZE)
+    return environ
+
+
 def main() -> None:
     argv = uvicorn_argv()
     # exec: uvicorn's supervisor takes this process's place and gets compose's signals.
-    os.execvp(sys.executable, [sys.executable, "-m", *argv])  # noqa: S606 (fixed argv)
+    os.execvpe(sys.executable, [sys.executable, "-m", *argv], server_environ())  # noqa: S606
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -49,14 +50,20 @@ def test_secret_from_file(tmp_path):
 
 def start(env: dict, tmp_path) -> subprocess.CompletedProcess:
     """Load the settings in a fresh process, as `manage.py` would at start."""
+    return start_with(env, tmp_path)
+
+
+def start_with(env: dict, tmp_path, shell: str = "") -> subprocess.CompletedProcess:
+    """`manage.py check`, or ``shell`` run by `manage.py shell -c`, in a fresh process."""
     clean = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DEBUG")
+        if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DEBUG", "DATABASE_POOL_SIZE")
     }
     clean.update({"VAR_DIR": str(tmp_path), **env})
+    command = ["shell", "-c", shell] if shell else ["check"]
     return subprocess.run(
-        [sys.executable, "manage.py", "check"],
+        [sys.executable, "manage.py", *command],
         cwd=ROOT,
         env=clean,
         capture_output=True,
@@ -91,3 +98,29 @@ def test_embedded_defaults_start_and_keep_their_secret_key(tmp_path):
     assert oct((tmp_path / "secret_key").stat().st_mode)[-3:] == "600"
     assert start({}, tmp_path).returncode == 0
     assert (tmp_path / "secret_key").read_text() == key
+
+
+def test_database_pool_size_pools_postgresql_connections_instead_of_keeping_them(tmp_path):
+    show = (
+        "import json; from django.conf import settings as s; d = s.DATABASES['default'];"
+        " print(json.dumps([d['CONN_MAX_AGE'], d.get('OPTIONS', {}).get('pool')]))"
+    )
+    production = {
+        "DATABASE_URL": "postgres://panel@127.0.0.1:5432/panel",
+        "DATABASE_CONN_MAX_AGE": "60",
+        "SECRET_KEY": "test-only-" + "x" * 50,
+    }
+
+    def read(env):
+        result = start_with(env, tmp_path, show)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    age, pool = read({**production, "DATABASE_POOL_SIZE": "6"})
+    # Django refuses a pool together with persistent connections: the pool wins.
+    assert age == 0 and pool["max_size"] == 6 and pool["timeout"] > 0
+    assert read(production) == [60, None]  # no pool asked: the workers keep connections
+    # SQLite has no pool: the setting is ignored there (the embedded panel).
+    assert read({"DATABASE_POOL_SIZE": "6"})[1] is None
+    bad = start_with({**production, "DATABASE_POOL_SIZE": "-1"}, tmp_path, show)
+    assert bad.returncode != 0 and "DATABASE_POOL_SIZE" in bad.stderr

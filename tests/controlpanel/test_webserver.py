@@ -51,3 +51,12 @@ def test_uvicorn_accepts_the_command_line():
     ctx = uvicorn_main.make_context("uvicorn", argv[1:])
     assert ctx.params["workers"] == 2 and ctx.params["proxy_headers"] is True
     assert ctx.params["forwarded_allow_ips"] == "127.0.0.1"
+
+
+def test_web_workers_pool_database_connections_unless_told_otherwise():
+    # Persistent per-thread connections leak under ASGI (one per finished request's thread).
+    assert webserver.server_environ({})["DATABASE_POOL_SIZE"] == str(webserver.DEFAULT_POOL_SIZE)
+    assert webserver.server_environ({"DATABASE_POOL_SIZE": " "})["DATABASE_POOL_SIZE"] == "10"
+    assert webserver.server_environ({"DATABASE_POOL_SIZE": "4"})["DATABASE_POOL_SIZE"] == "4"
+    assert webserver.server_environ({"DATABASE_POOL_SIZE": "0"})["DATABASE_POOL_SIZE"] == "0"
+    assert webserver.server_environ({"X": "y"})["X"] == "y"  # the rest passes through

@@ -138,3 +138,43 @@ def test_beat_command_schedules_checks_that_the_worker_runs(production_env, star
     )
     health = run_healthcheck("beat", env)
     assert health.returncode == 0, health.stdout + health.stderr
+
+
+def test_web_tier_pools_database_connections_under_concurrent_requests(
+    production_env, start, operator
+):
+    # Under ASGI each request runs in its own thread; with compose's persistent connections
+    # (DATABASE_CONN_MAX_AGE) every finished request's thread used to leave an open connection
+    # behind, until PostgreSQL answered "too many clients" (scripts/bench_web.py found it).
+    # The web tier pools them (DATABASE_POOL_SIZE, default 10 per worker process).
+    operator.password = PBKDF2PasswordHasher().encode("op-secret-pw", "integration-salt")
+    operator.save()
+    for i in range(3):
+        make_host(name=f"pool-host-{i}")
+    port = free_port()
+    web_env = {**production_env, "WEB_HOST": "127.0.0.1", "WEB_PORT": str(port)}
+    web_env.update(WEB_CONCURRENCY="1", DATABASE_CONN_MAX_AGE="60")
+    web = start("web", compose_command("web"), web_env)
+    web.wait_for_output("Application startup complete", 60)
+    base = f"http://127.0.0.1:{port}"
+    with httpx.Client(base_url=base, timeout=30) as client:
+        login(client, operator.username, "op-secret-pw")
+        cookies = dict(client.cookies)
+
+    async def burst() -> list[int]:
+        async with httpx.AsyncClient(base_url=base, cookies=cookies, timeout=60) as many:
+            answers = await asyncio.gather(*(many.get("/hosts/") for _ in range(40)))
+        return [a.status_code for a in answers]
+
+    for _ in range(2):
+        assert asyncio.run(burst()) == [200] * 40
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+            [production_env["PGAPPNAME"]],
+        )
+        held = cursor.fetchone()[0]
+    # 80 requests, 40 at a time, served by one process: at most its pool's 10 connections.
+    assert 1 <= held <= 10, f"the web process holds {held} database connections"

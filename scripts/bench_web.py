@@ -1,0 +1,513 @@
+#!/usr/bin/env python3
+"""The production web tier under load: page views/s and latency with concurrent viewers
+(issue 22), 1 vs N worker processes behind one port, optionally while a fleet is polled.
+
+Production mode as ``docker-compose.yml`` runs it, on this machine:
+
+1. a fresh PostgreSQL database (dropped at the end), Redis (``--redis-url``, flushed: pick a db
+   number nobody else uses) as cache, broker and channel layer, ``collectstatic`` into a
+   throwaway VAR_DIR (the manifest storage production uses), ``HTTPS=true`` with every request
+   carrying ``X-Forwarded-Proto: https`` from 127.0.0.1 as the TLS proxy sends it;
+2. seeds a history through the ORM (``seed`` role: ``--hosts`` hosts with a deployment each,
+   then bench_pages.py's history seed: ``--runs`` finished runs with a minute of points each
+   and ``--changes`` change requests) and ``--viewers`` Viewer-role logins (database
+   sessions, as the login form makes them);
+3. with ``--fleet N``: N more hosts × ``--gpus`` from the fleet simulator
+   (``hosts.agent.fleet``) polled every second by a real Celery worker and beat
+   (``TELEMETRY_SHARDS``), so pages are served while the telemetry path writes;
+4. for each value of ``--workers`` (e.g. ``1,2``) starts ``python -m controlpanel.webserver``
+   with that ``WEB_CONCURRENCY`` and measures:
+
+   a. closed loop: ``--viewers`` concurrent viewers, each fetching the main pages (dashboard,
+      hosts list, host page, history, run page) one after the other with no think time for
+      ``--seconds``: page views/s the tier sustains and p50/p95/p99 per page;
+   b. open loop at ``--rate`` page views/s (arrivals on a fixed schedule, each page fetched
+      when due whatever is still in flight): whether the tier keeps that rate and its p95.
+
+   Latency is measured by the client from the request's start (open loop: from the time it
+   was due, so a late client counts against the tier). Non-200 answers are counted and
+   printed; CPU of the web processes, the worker and PostgreSQL over each window.
+
+    .venv/bin/python scripts/bench_web.py --workers 1,2 [--fleet 500] [--seconds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+PYTHON = sys.executable
+
+PAGE_NAMES = ("dashboard", "hosts list", "host page", "history", "run page")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("role", nargs="?", default="main", choices=("main", "seed"))
+    p.add_argument("--workers", default="1,2", help="WEB_CONCURRENCY values to measure")
+    p.add_argument("--viewers", type=int, default=20)
+    p.add_argument("--seconds", type=float, default=30.0, help="each measuring window")
+    p.add_argument("--warmup", type=float, default=5.0)
+    p.add_argument("--rate", type=float, default=100.0, help="open-loop page views/s")
+    p.add_argument("--hosts", type=int, default=20, help="hosts with a deployment (history)")
+    p.add_argument("--runs", type=int, default=200)
+    p.add_argument("--changes", type=int, default=100)
+    p.add_argument("--fleet", type=int, default=0, help="simulated agent hosts polled at 1 Hz")
+    p.add_argument("--gpus", default="h100-sxm:8")
+    p.add_argument("--shards", type=int, default=4, help="TELEMETRY_SHARDS with --fleet")
+    p.add_argument("--worker-concurrency", type=int, default=2)
+    p.add_argument("--base-port", type=int, default=21000, help="the fleet's first port")
+    p.add_argument("--port", type=int, default=8790, help="the web tier's port")
+    p.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/11")
+    p.add_argument("--token", default="", help="(seed role) the fleet's agent token")
+    return p.parse_args(argv)
+
+
+def panel_env(args, database: str, var_dir: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    env.update(
+        DATABASE_URL=f"{args.database_url}/{database}",
+        REDIS_URL=args.redis_url,
+        SECRET_KEY="bench-web-" + "x" * 50,
+        HTTPS="true",
+        DEBUG="false",
+        VAR_DIR=var_dir,
+        ALLOWED_HOSTS="127.0.0.1,localhost",
+        DJANGO_SETTINGS_MODULE="controlpanel.settings",
+        # As docker-compose.yml runs the web tier: each process keeps its connections.
+        DATABASE_CONN_MAX_AGE="60",
+        ADVISOR_INTERVAL_SECONDS="0",
+        TELEMETRY_SHARDS=str(args.shards),
+        WEB_HOST="127.0.0.1",
+        WEB_PORT=str(args.port),
+    )
+    return env
+
+
+# --- seed role (runs with the panel's environment) -----------------------------------------
+
+
+def seed(args) -> None:
+    import django
+
+    django.setup()
+    from bench_pages import SEED
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+    from django.test import Client
+
+    from tests import factories
+
+    User = get_user_model()
+    groups = {g.name: g for g in Group.objects.all()}
+    for name, role in (("admin", "Admin"), ("operator", "Operator"), ("approver", "Approver")):
+        User.objects.create_user(username=name, password=None).groups.add(groups[role])
+    for _ in range(args.hosts):
+        factories.make_deployment(factories.make_host())
+    factories.make_profile()
+    # bench_pages' history: runs with points and summaries, changes in every state.
+    out = {}
+    exec(  # noqa: S102 - our own seed script, formatted with our own numbers
+        SEED.format(runs=args.runs, changes=args.changes, concurrency=8),
+        {"print": lambda text: out.update(json.loads(text))},
+    )
+    if args.fleet:
+        out["fleet_gpus"] = create_fleet(args.fleet, args.gpus, args.base_port, args.token)
+    cookies = []
+    for i in range(args.viewers):
+        user = User.objects.create_user(username=f"bench-viewer-{i}", password=None)
+        user.groups.add(groups["Viewer"])
+        client = Client()
+        client.force_login(user)
+        cookies.append(client.cookies["sessionid"].value)
+    out["sessions"] = cookies
+    print(json.dumps(out))
+
+
+def create_fleet(hosts: int, gpus: str, base_port: int, token: str) -> int:
+    """``hosts`` agent hosts on consecutive ports with the GPUs the fleet simulator reports
+    for them (its seeded UUIDs), as onboarding would record them; returns the GPU count."""
+    from hosts.agent.simulated import SimulatedGpus, parse_simulate
+    from hosts.models import Gpu, Host
+
+    spec, count = parse_simulate(gpus)
+    rows = []
+    for i in range(hosts):
+        # One save each: saving binds the token to its destination (a bulk insert would not).
+        host = Host.objects.create(
+            name=f"fleet-{i:04d}",
+            address="127.0.0.1",
+            transport="agent",
+            port=base_port + i,
+            agent_token=token,
+            status="online",
+            labels={"rack": f"r{i // 50}", "zone": "bench"},
+        )
+        for item in SimulatedGpus(spec, count, seed=f"fleet-{i:04d}").inventory_gpus():
+            rows.append(
+                Gpu(
+                    host=host,
+                    index=item["index"],
+                    uuid=item["uuid"],
+                    name=item["name"],
+                    memory_bytes=item["memory_total_bytes"],
+                    numa_node=item["numa_node"],
+                )
+            )
+    Gpu.objects.bulk_create(rows, batch_size=2000)
+    return len(rows)
+
+
+# --- measuring ------------------------------------------------------------------------------
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "?"
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            for p in [proc, *proc.children(recursive=True)]:
+                t = p.cpu_times()
+                total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def postgres_pids() -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.process_iter(["name"]) if (p.info["name"] or "") == "postgres"]
+
+
+def page_urls(seeded: dict) -> list[tuple[str, str]]:
+    return list(
+        zip(
+            PAGE_NAMES,
+            (
+                "/",
+                "/hosts/",
+                f"/hosts/{seeded['host']}/",
+                "/benchmarks/",
+                f"/benchmarks/{seeded['runs'][0]}/",
+            ),
+            strict=True,
+        )
+    )
+
+
+def client_for(base: str, cookie: str):
+    import httpx
+
+    return httpx.AsyncClient(
+        base_url=base,
+        # What the TLS proxy in front of the tier adds; uvicorn believes it from 127.0.0.1.
+        headers={"X-Forwarded-Proto": "https", "Cookie": f"sessionid={cookie}"},
+        timeout=60,
+        limits=httpx.Limits(max_connections=64),
+    )
+
+
+async def closed_loop(base, sessions, pages, viewers, seconds):
+    """``viewers`` viewers each fetching the pages in turn without pause: (page, ms, status)."""
+    results: list[tuple[str, float, int]] = []
+    end = time.monotonic() + seconds
+
+    async def viewer(i: int) -> None:
+        async with client_for(base, sessions[i % len(sessions)]) as client:
+            n = i  # viewers start on different pages
+            while time.monotonic() < end:
+                name, url = pages[n % len(pages)]
+                n += 1
+                t0 = time.perf_counter()
+                try:
+                    status = (await client.get(url)).status_code
+                except Exception:  # noqa: BLE001 - a failed request is a result, counted
+                    status = 0
+                results.append((name, (time.perf_counter() - t0) * 1000, status))
+
+    await asyncio.gather(*(viewer(i) for i in range(viewers)))
+    return results
+
+
+async def open_loop(base, sessions, pages, rate, seconds):
+    """Pages due at ``rate`` per second on a fixed schedule; latency counted from when each
+    was due. Returns (results, requests still unanswered at the end, max lateness s)."""
+    results: list[tuple[str, float, int]] = []
+    clients = [client_for(base, s) for s in sessions]
+    start = time.perf_counter() + 0.2
+    total = int(rate * seconds)
+    late = 0.0
+
+    async def one(k: int, due: float) -> None:
+        name, url = pages[k % len(pages)]
+        try:
+            status = (await clients[k % len(clients)].get(url)).status_code
+        except Exception:  # noqa: BLE001
+            status = 0
+        results.append((name, (time.perf_counter() - due) * 1000, status))
+
+    tasks = []
+    for k in range(total):
+        due = start + k / rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        late = max(late, time.perf_counter() - due)
+        tasks.append(asyncio.create_task(one(k, due)))
+    done, pending = await asyncio.wait(tasks, timeout=60)
+    for task in pending:
+        task.cancel()
+    for client in clients:
+        await client.aclose()
+    return results, len(pending), late
+
+
+def summarize(title: str, results, seconds: float) -> dict:
+    ok = [r for r in results if r[2] == 200]
+    bad = len(results) - len(ok)
+    codes: dict[int, int] = {}
+    for r in results:
+        if r[2] != 200:
+            codes[r[2]] = codes.get(r[2], 0) + 1
+    print(
+        f"  {title}: {len(results)} page views in {seconds:.0f} s = "
+        f"{len(results) / seconds:.1f}/s; non-200: {bad} "
+        f"{dict(sorted(codes.items())) if codes else ''}(0 = no answer)"
+    )
+    row = {"views_per_s": len(results) / seconds, "errors": bad}
+    for name in PAGE_NAMES:
+        ms = [r[1] for r in ok if r[0] == name]
+        if ms:
+            print(
+                f"    {name:11s} n={len(ms):5d}  p50 {pct(ms, 50):6.0f}  p95 {pct(ms, 95):6.0f}"
+                f"  p99 {pct(ms, 99):6.0f}  max {max(ms):6.0f} ms"
+            )
+            row[name] = {"p50": pct(ms, 50), "p95": pct(ms, 95), "p99": pct(ms, 99)}
+    every = [r[1] for r in ok]
+    print(
+        f"    {'all pages':11s} n={len(every):5d}  p50 {pct(every, 50):6.0f}  "
+        f"p95 {pct(every, 95):6.0f}  p99 {pct(every, 99):6.0f} ms"
+    )
+    row["all"] = {"p50": pct(every, 50), "p95": pct(every, 95), "p99": pct(every, 99)}
+    return row
+
+
+def wait_http(port: int, proc: subprocess.Popen, deadline_s: float = 120.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the web tier exited with {proc.returncode}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise SystemExit(f"the web tier on port {port} did not answer in {deadline_s:.0f} s")
+
+
+def measure_tier(args, env, seeded, workers: int, background: list[int]) -> dict:
+    base = f"http://127.0.0.1:{args.port}"
+    tier = subprocess.Popen(
+        [PYTHON, "-m", "controlpanel.webserver"],
+        env={**env, "WEB_CONCURRENCY": str(workers)},
+        cwd=ROOT,
+        stdout=open(Path(env["VAR_DIR"]) / f"web-{workers}.log", "w"),  # noqa: SIM115
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    pages = page_urls(seeded)
+    sessions = seeded["sessions"]
+    out = {"workers": workers}
+    try:
+        wait_http(args.port, tier)
+        # Every worker process compiles its templates and opens its connections first.
+        asyncio.run(closed_loop(base, sessions, pages, args.viewers, args.warmup))
+        print(f"\nWEB_CONCURRENCY={workers} (load before {os.getloadavg()[0]:.1f})")
+        for label, run in (
+            (
+                f"closed loop, {args.viewers} viewers",
+                lambda: (closed_loop(base, sessions, pages, args.viewers, args.seconds), None),
+            ),
+            (
+                f"open loop at {args.rate:.0f}/s",
+                lambda: (open_loop(base, sessions, pages, args.rate, args.seconds), "open"),
+            ),
+        ):
+            coro, kind = run()
+            web0, bg0, pg0 = cpu_seconds([tier.pid]), cpu_seconds(background), postgres_cpu()
+            t0 = time.monotonic()
+            answer = asyncio.run(coro)
+            wall = time.monotonic() - t0
+            if kind == "open":
+                results, pending, late = answer
+                wall = args.seconds
+            else:
+                results, pending, late = answer, 0, 0.0
+            row = summarize(label, results, wall)
+            if kind == "open":
+                print(
+                    f"    unanswered at the end: {pending}; the client's own send lateness max"
+                    f" {late * 1000:.0f} ms"
+                )
+                row.update(pending=pending)
+            print(
+                f"    CPU over the window: web {100 * (cpu_seconds([tier.pid]) - web0) / wall:.0f}"
+                f" %, worker/beat/fleet {100 * (cpu_seconds(background) - bg0) / wall:.0f} %,"
+                f" postgres {100 * (postgres_cpu() - pg0) / wall:.0f} % of a core;"
+                f" load {os.getloadavg()[0]:.1f}"
+            )
+            out["closed" if kind is None else "open"] = row
+    finally:
+        tier.terminate()
+        try:
+            tier.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(tier.pid, 9)
+    return out
+
+
+def postgres_cpu() -> float:
+    return cpu_seconds(postgres_pids())
+
+
+def start_fleet(args, env, token: str, logs: Path) -> list[subprocess.Popen]:
+    fleet = subprocess.Popen(
+        [PYTHON, "-m", "hosts.agent.fleet", "--hosts", str(args.fleet), "--gpus", args.gpus]
+        + ["--base-port", str(args.base_port), "--token", token],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    if "ready" not in fleet.stdout.readline():
+        raise SystemExit("the fleet simulator did not start")
+    celery = [PYTHON, "-m", "celery", "-A", "controlpanel"]
+    worker = subprocess.Popen(
+        celery + ["worker", "-l", "WARNING", f"--concurrency={args.worker_concurrency}"],
+        cwd=ROOT,
+        env=env,
+        stdout=open(logs / "worker.log", "w"),  # noqa: SIM115
+        stderr=subprocess.STDOUT,
+    )
+    beat = subprocess.Popen(
+        celery + ["beat", "-l", "WARNING", "-s", str(logs / "beat-schedule")],
+        cwd=ROOT,
+        env=env,
+        stdout=open(logs / "beat.log", "w"),  # noqa: SIM115
+        stderr=subprocess.STDOUT,
+    )
+    return [fleet, worker, beat]
+
+
+def samples_per_s(env: dict, seconds: float = 10.0) -> float:
+    import psycopg
+
+    with psycopg.connect(env["DATABASE_URL"], autocommit=True) as conn:
+        first = conn.execute("SELECT count(*) FROM hosts_gpusample").fetchone()[0]
+        time.sleep(seconds)
+        return (conn.execute("SELECT count(*) FROM hosts_gpusample").fetchone()[0] - first) / (
+            seconds
+        )
+
+
+def main(args) -> int:
+    import psycopg
+    import redis
+
+    database = f"bench_web_{os.getpid()}"
+    admin = f"{args.database_url}/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{database}"')
+    var_dir = tempfile.mkdtemp(prefix="bench-web-")
+    env = panel_env(args, database, var_dir)
+    redis.Redis.from_url(args.redis_url).flushdb()  # this benchmark's db only
+    token = secrets.token_urlsafe(24)
+    background: list[subprocess.Popen] = []
+    try:
+        for step in (["migrate", "--noinput", "-v0"], ["collectstatic", "--noinput", "-v0"]):
+            subprocess.run([PYTHON, "manage.py", *step], env=env, cwd=ROOT, check=True)
+        seed_argv = [PYTHON, __file__, "seed", "--token", token]
+        for flag in ("hosts", "runs", "changes", "viewers", "fleet", "gpus", "base_port"):
+            seed_argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+        seeded = subprocess.run(
+            seed_argv, env=env, cwd=ROOT, check=True, capture_output=True, text=True
+        )
+        seeded = json.loads(seeded.stdout.strip().splitlines()[-1])
+        print(
+            f"nproc {os.cpu_count()}  CPU {cpu_model()}  python {platform.python_version()}  "
+            f"load before {os.getloadavg()}"
+        )
+        print(
+            f"PostgreSQL {database}, Redis {args.redis_url.rsplit('/', 1)[-1]}; "
+            f"{args.hosts} hosts with deployments, {args.runs} runs, {args.changes} changes, "
+            f"{args.viewers} viewers"
+        )
+        if args.fleet:
+            background = start_fleet(args, env, token, Path(var_dir))
+            time.sleep(10)  # beat's first ticks, the worker's first batches
+            print(
+                f"fleet: {args.fleet} hosts, {seeded['fleet_gpus']} GPUs polled at 1 Hz by "
+                f"{args.shards} shards, worker concurrency {args.worker_concurrency}: "
+                f"{samples_per_s(env):.0f} samples/s stored before the pages"
+            )
+        rows = []
+        for workers in [int(w) for w in args.workers.split(",")]:
+            rows.append(measure_tier(args, env, seeded, workers, [p.pid for p in background]))
+        if args.fleet:
+            print(f"\nfleet while measured: {samples_per_s(env):.0f} samples/s stored at the end")
+        print(f"\nload after {os.getloadavg()}")
+        print(json.dumps(rows))
+    finally:
+        for proc in reversed(background):
+            proc.terminate()
+        for proc in background:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        print(f"logs in {var_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()
+    if ARGS.role == "seed":
+        seed(ARGS)
+    else:
+        sys.exit(main(ARGS))
