@@ -21,15 +21,13 @@ from changes.models import ChangeRequest, Finding
 from changes.models_sweeps import Sweep
 from changes.views_advisor import BADGES
 from controlpanel.choices import OperationStatus
-from hosts.choices import HostStatus
 from hosts.models import Host
+from hosts.services.fleet_list import NOT_SHOWN, TROUBLED
 
 # "Recent" failures: a week covers a weekend away.
 RECENT_DAYS = 7
 SHOWN = 10  # per list: the page links on to the full lists
 SERIOUS = ("critical", "warning")
-# A host is in trouble when its status badge is red (unreachable, credentials refused, ...).
-TROUBLED_HOSTS = [status for status in HostStatus if status.colour == "red"]
 REVIEW_FIELDS = (
     "state",
     "title",
@@ -88,6 +86,7 @@ class Attention:
     failed_changes: list = field(default_factory=list)
     findings: list = field(default_factory=list)
     hosts: list = field(default_factory=list)
+    hosts_more: int = 0  # troubled hosts past the first SHOWN: the hosts list has them all
     days: int = RECENT_DAYS
 
     @property
@@ -133,5 +132,10 @@ def attention(user) -> Attention:
         for finding in findings:
             finding.badge = BADGES.get(finding.severity, "grey")
         found.findings = findings
-    found.hosts = list(Host.objects.filter(status__in=TROUBLED_HOSTS).order_by("name")[:SHOWN])
+    # In trouble: a red status badge (unreachable, credentials refused, ...), the hosts list's
+    # ``?status=trouble``.
+    troubled = Host.objects.filter(status__in=TROUBLED).defer(*NOT_SHOWN).order_by("name")
+    found.hosts = list(troubled[:SHOWN])
+    # Counted always, not only when the list is full: the same queries whatever the fleet.
+    found.hosts_more = max(troubled.count() - SHOWN, 0)
     return found

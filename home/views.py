@@ -3,7 +3,9 @@
 from decimal import Decimal
 
 from django.contrib.auth.decorators import login_not_required, permission_required
-from django.db.models import Count, Sum
+from django.db.models import Case, Count, F, FloatField, Sum, Value, When
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.http import HttpResponsePermanentRedirect
 from django.shortcuts import render
 from django.templatetags.static import static
@@ -12,6 +14,7 @@ from benchmarks.models import RUN_DOCUMENTS, BenchmarkRun
 from changes.views_advisor import fleet_context
 from controlpanel.models import AuditEntry
 from home.attention import attention
+from hosts.choices import DeploymentStatus
 from hosts.credentials import SECRET_FIELDS
 from hosts.models import Deployment, Gpu, Host, HostCheck
 
@@ -20,29 +23,45 @@ from hosts.models import Deployment, Gpu, Host, HostCheck
 HOST_SECRETS = SECRET_FIELDS
 
 
-def _memory_chart(hosts: list[Host]) -> dict:
-    """Stacked bars of GPU memory in use and free per host (GiB), from the GPUs' last sample."""
-    gpu_memory = dict(
-        Gpu.objects.values_list("host__name").annotate(total=Sum("memory_bytes")).order_by()
+# Lists and the chart are capped whatever the fleet's size (issue 22: 500 hosts); each links
+# on to the full list.
+CHART_HOSTS = 20
+DEPLOYMENTS_SHOWN = 10
+# GPU memory in use, from each GPU's newest reading (a JSON field), summed by the database.
+MEMORY_USED = Cast(KeyTextTransform("memory_used_bytes", "last_sample"), FloatField())
+# The deployments card shows the ones that need a look first.
+DEPLOYMENT_ORDER = Case(
+    *(
+        When(status=status, then=Value(rank))
+        for rank, status in enumerate(
+            (
+                DeploymentStatus.FAILED,
+                DeploymentStatus.DEGRADED,
+                DeploymentStatus.STARTING,
+                DeploymentStatus.UNKNOWN,
+                DeploymentStatus.STOPPED,
+            )
+        )
+    ),
+    default=Value(9),
+)
+
+
+def _memory_chart() -> dict:
+    """Stacked bars of GPU memory in use and free (GiB) for the CHART_HOSTS hosts with the
+    most in use, from the GPUs' last sample: one grouped query, however many hosts."""
+    rows = list(
+        Gpu.objects.values("host__name")
+        .annotate(total=Sum("memory_bytes"), used=Sum(MEMORY_USED))
+        .order_by(F("used").desc(nulls_last=True), "host__name")[:CHART_HOSTS]
     )
-    used = {}
-    for name, sample in Gpu.objects.values_list("host__name", "last_sample"):
-        used[name] = used.get(name, 0) + ((sample or {}).get("memory_used_bytes") or 0)
-    names = [h.name for h in hosts]
+    names = [row["host__name"] for row in rows]
+    used = [(row["used"] or 0) / 2**30 for row in rows]
+    free = [row["total"] / 2**30 - u for row, u in zip(rows, used, strict=True)]
     return {
         "data": [
-            {
-                "type": "bar",
-                "x": names,
-                "y": [round(used.get(n, 0) / 2**30, 1) for n in names],
-                "name": "in use",
-            },
-            {
-                "type": "bar",
-                "x": names,
-                "y": [round((gpu_memory.get(n, 0) - used.get(n, 0)) / 2**30, 1) for n in names],
-                "name": "free",
-            },
+            {"type": "bar", "x": names, "y": [round(u, 1) for u in used], "name": "in use"},
+            {"type": "bar", "x": names, "y": [round(f, 1) for f in free], "name": "free"},
         ],
         "layout": {
             "barmode": "stack",
@@ -55,12 +74,18 @@ def _memory_chart(hosts: list[Host]) -> dict:
 
 @permission_required("hosts.view_host", raise_exception=True)
 def dashboard(request):
-    hosts = list(Host.objects.annotate(gpu_count=Count("gpus")))
+    hosts = Host.objects.aggregate(count=Count("pk"), hourly=Sum("hourly_price"))
+    deployments = Deployment.objects.select_related("host", "active_config").defer(
+        *(f"host__{f}" for f in HOST_SECRETS)
+    )
     context = {
-        "host_count": len(hosts),
-        "gpu_count": sum(h.gpu_count for h in hosts),
-        "fleet_hourly": sum((h.hourly_price for h in hosts), Decimal("0")),
-        "deployments": Deployment.objects.select_related("host", "active_config"),
+        "host_count": hosts["count"],
+        "gpu_count": Gpu.objects.count(),
+        "fleet_hourly": hosts["hourly"] or Decimal("0"),
+        "deployment_count": Deployment.objects.count(),
+        "deployments": deployments.order_by(DEPLOYMENT_ORDER, "host__name", "name")[
+            :DEPLOYMENTS_SHOWN
+        ],
         "recent_runs": BenchmarkRun.objects.select_related("deployment__host", "load_profile")
         .defer(*RUN_DOCUMENTS, *(f"deployment__host__{f}" for f in HOST_SECRETS))
         .defer("load_profile__spec")[:5],
@@ -68,7 +93,8 @@ def dashboard(request):
             *(f"host__{f}" for f in HOST_SECRETS)
         )[:5],
         "recent_audit": AuditEntry.objects.all()[:8],
-        "chart": _memory_chart(hosts),
+        "chart": _memory_chart(),
+        "chart_hosts": CHART_HOSTS,
         "attention": attention(request.user),
         **fleet_context(),
     }

@@ -7,9 +7,10 @@ import io
 import paramiko
 from django import forms
 
-from hosts.choices import TransportKind
+from hosts.choices import HostStatus, TransportKind
 from hosts.credentials import SECRET_FIELDS, TRANSPORT_SECRETS
-from hosts.models import Host, validate_labels
+from hosts.models import LABEL_KEY, Host, validate_labels
+from hosts.services import fleet_list
 from hosts.services.hosts import may_change_protection
 from hosts.services.transports import KeyFileRefused, key_file_path
 
@@ -221,3 +222,66 @@ class HostForm(forms.ModelForm):
                 f"approvals this host's changes need (now {was}). Put it back as it was to "
                 "save your other changes, or ask an Admin.",
             )
+
+
+class LabelTermsInput(forms.TextInput):
+    """One text box; a query string may also repeat ``?label=`` (links built elsewhere)."""
+
+    def value_from_datadict(self, data, files, name):
+        getlist = getattr(data, "getlist", None)
+        values = getlist(name) if getlist else [data.get(name) or ""]
+        return ", ".join(v for v in values if v and v.strip())
+
+
+class LabelTermsField(forms.CharField):
+    """Label terms as the host form types labels, separated by commas: ``key`` (has the
+    label) or ``key=value``; all must hold."""
+
+    def to_python(self, value):
+        terms = []
+        for item in (super().to_python(value) or "").split(","):
+            key, eq, val = (part.strip() for part in item.partition("="))
+            if not (key or eq):
+                continue
+            if not LABEL_KEY.match(key):
+                raise forms.ValidationError(
+                    f"{item.strip()!r} is not a label (key or key=value); ignored."
+                )
+            terms.append((key, val if eq else None))
+        return tuple(terms)
+
+
+class HostFilterForm(forms.Form):
+    """The hosts list's filters, from the query string. A value that does not validate is
+    shown with its error and left out of the filter; the others still apply."""
+
+    q = forms.CharField(required=False, max_length=100, label="Name contains")
+    status = forms.ChoiceField(
+        required=False,
+        label="Status",
+        choices=[("", "any"), (fleet_list.TROUBLE, "in trouble (red)"), *HostStatus.choices],
+        # An unknown status is named in its error, not as "Select a valid choice".
+        error_messages={"invalid_choice": "%(value)s is not a host status; ignored."},
+    )
+    gpu = forms.CharField(
+        required=False,
+        max_length=100,
+        label="GPU model contains",
+        widget=forms.TextInput(attrs={"list": "gpu-models", "placeholder": "H100"}),
+    )
+    label = LabelTermsField(
+        required=False,
+        max_length=500,
+        label="Labels",
+        widget=LabelTermsInput(attrs={"placeholder": "zone=eu, tier"}),
+    )
+
+    def chosen(self) -> fleet_list.HostFilter:
+        """The filter from the fields that validated (call ``is_valid()`` first)."""
+        data = self.cleaned_data
+        return fleet_list.HostFilter(
+            q=data.get("q", ""),
+            status=data.get("status", ""),
+            gpu=data.get("gpu", ""),
+            labels=data.get("label", ()),
+        )

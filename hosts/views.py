@@ -4,16 +4,16 @@ from datetime import UTC, datetime, timedelta
 
 from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
-from django.db.models import Count, Prefetch
+from django.core.paginator import Paginator
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from hosts.choices import OperationKind
-from hosts.forms import HostForm
-from hosts.models import Deployment, EngineOperation, Gpu, Host, HostCheck
-from hosts.services import telemetry_series
+from hosts.forms import HostFilterForm, HostForm
+from hosts.models import Deployment, EngineOperation, Host, HostCheck
+from hosts.services import fleet_list, telemetry_series
 from hosts.services.checks import request_host_check
 from hosts.services.hosts import HostChangeRefused, accept_host_key, create_host, update_host
 from hosts.services.operations import OperationRefused, request_operation
@@ -29,9 +29,32 @@ BACKFILL = timedelta(minutes=10)
 
 @permission_required("hosts.view_host", raise_exception=True)
 def host_list(request):
-    hosts = Host.objects.annotate(deployment_count=Count("deployments", distinct=True))
-    hosts = hosts.prefetch_related(Prefetch("gpus", queryset=Gpu.objects.order_by("index")))
-    return render(request, "hosts/host_list.html", {"hosts": hosts})
+    """One page of the fleet (``?page=``), narrowed by ``?q=&status=&gpu=&label=``; a filter
+    value that does not validate is explained on the form and ignored."""
+    form = HostFilterForm(request.GET)
+    form.is_valid()
+    chosen = form.chosen()
+    hosts = fleet_list.filter_hosts(fleet_list.list_rows(), chosen)
+    asked = request.GET.get("page")
+    page = Paginator(hosts, fleet_list.PAGE_SIZE).get_page(asked)
+    context = {
+        "form": form,
+        "page": page,
+        "hosts": page.object_list,
+        "filtered": chosen.active,
+        "fleet_size": Host.objects.count() if chosen.active else page.paginator.count,
+        "gpu_models": fleet_list.gpu_models(),
+        "page_note": _page_note(asked, page),
+    }
+    return render(request, "hosts/host_list.html", context)
+
+
+def _page_note(asked: str | None, page) -> str:
+    """Why the page shown is not the one asked for ("" when it is)."""
+    if asked in (None, "") or asked.strip() == str(page.number):
+        return ""
+    shown = f"page {page.number} of {page.paginator.num_pages}"
+    return f"There is no page {asked[:20]!r}; showing {shown}."
 
 
 @permission_required("hosts.view_host", raise_exception=True)
