@@ -9,6 +9,7 @@ from benchmarks.choices import RunSource
 from benchmarks.models import LoadProfile
 from benchmarks.services.history import DEFAULT_SORT, PAGE_SIZES, SORTS
 from controlpanel.choices import OperationStatus
+from controlpanel.widgets import QuickSelect
 from hosts.choices import EngineKind
 from hosts.models import Deployment, EngineConfig, Gpu, Host
 
@@ -33,7 +34,10 @@ class HistoryForm(forms.Form):
 
     q = forms.CharField(required=False, max_length=100, label="Label contains")
     host = forms.ModelChoiceField(
-        Host.objects.only("id", "name").order_by("name"), required=False, empty_label="any"
+        Host.objects.only("id", "name").order_by("name"),
+        required=False,
+        empty_label="any",
+        widget=QuickSelect,  # one option per host: a 500-host fleet
     )
     # Free text with suggestions from the fleet (small tables), not a DISTINCT over every
     # run: that scan was a third of the page's database time at 10,000 runs.
@@ -43,32 +47,43 @@ class HistoryForm(forms.Form):
         label="GPU model",
         widget=forms.TextInput(attrs={"list": "gpu-models", "autocomplete": "off"}),
     )
-    engine = forms.ChoiceField(choices=ANY + list(EngineKind.choices), required=False)
+    engine = forms.ChoiceField(
+        choices=ANY + list(EngineKind.choices), required=False, widget=QuickSelect
+    )
     model = forms.CharField(
         required=False,
         max_length=200,
         widget=forms.TextInput(attrs={"list": "model-names", "autocomplete": "off"}),
     )
     config = forms.IntegerField(required=False, min_value=1, label="Config version")
-    profile = forms.ChoiceField(required=False, label="Load profile")
-    status = forms.ChoiceField(choices=ANY + list(OperationStatus.choices), required=False)
-    requested_by = forms.ModelChoiceField(
-        get_user_model().objects.none(), required=False, empty_label="anyone", label="Run by"
+    profile = forms.ChoiceField(required=False, label="Load profile", widget=QuickSelect)
+    status = forms.ChoiceField(
+        choices=ANY + list(OperationStatus.choices), required=False, widget=QuickSelect
     )
-    source = forms.ChoiceField(choices=ANY + list(RunSource.choices), required=False)
+    requested_by = forms.ModelChoiceField(
+        get_user_model().objects.none(),
+        required=False,
+        empty_label="anyone",
+        label="Run by",
+        widget=QuickSelect,
+    )
+    source = forms.ChoiceField(
+        choices=ANY + list(RunSource.choices), required=False, widget=QuickSelect
+    )
     date_from = forms.DateField(
         required=False, label="From", widget=forms.DateInput(attrs={"type": "date"})
     )
     date_to = forms.DateField(
         required=False, label="To", widget=forms.DateInput(attrs={"type": "date"})
     )
-    sort = forms.ChoiceField(required=False, choices=sort_choices)
+    sort = forms.ChoiceField(required=False, choices=sort_choices, widget=QuickSelect)
     per_page = forms.TypedChoiceField(
         required=False,
         coerce=int,
         empty_value=PAGE_SIZES[0],
         choices=[(n, n) for n in PAGE_SIZES],
         label="Per page",
+        widget=QuickSelect,
     )
 
     def __init__(self, *args, **kwargs):
