@@ -21,7 +21,13 @@ gives "cpu ms", the median CPU time of the thread rendering the page (``time.thr
 which a busy shared machine disturbs far less than wall-clock times (it runs idle, before
 the load starts).
 
+With ``--hosts N`` (issue 22) the database also gets N more hosts of ``--gpus-per-host`` GPUs
+each (default 8), every GPU with a last reading, the hosts with labels (zone, rack) and one in
+ten unreachable or refusing credentials, and the hosts list's second page and a filtered view
+are timed too; ``--idle-only`` skips the loaded pass (a short run):
+
     .venv/bin/python scripts/bench_pages.py [--runs 200] [--changes 100] [--repeat 15]
+    .venv/bin/python scripts/bench_pages.py --hosts 500 --idle-only --only 'dashboard|hosts'
 """
 
 from __future__ import annotations
@@ -143,6 +149,47 @@ print(json.dumps({{"runs": ids, "change": first.pk, "host": d.host_id, "deployme
                   "load_deployment": Deployment.objects.order_by("host__name", "name")[0].pk}}))
 """
 
+FLEET = r"""
+import json, random
+from decimal import Decimal
+from django.utils import timezone
+from hosts.models import Gpu, Host
+
+HOSTS, GPUS = {hosts}, {gpus}
+rng = random.Random(2)
+now = timezone.now()
+# No credentials: the embedded poller leaves these hosts alone (it asks hosts it can log in
+# to), so the pages read what a polled fleet's rows hold without 500 agents to serve.
+statuses = ["online"] * 18 + ["unreachable", "auth_failed"]
+hosts = Host.objects.bulk_create(
+    [Host(name=f"fleet-{{i:04d}}", address=f"10.{{i // 250}}.{{i % 250}}.1", port=9100,
+          labels={{"zone": rng.choice(["eu", "us", "ap"]), "rack": f"r{{i % 40:02d}}"}},
+          hourly_price=Decimal("25.00"), status=rng.choice(statuses), last_seen_at=now,
+          last_error="")
+     for i in range(HOSTS)],
+    batch_size=500,
+)
+def reading():
+    used = rng.randint(0, 80 * 2**30)
+    return {{"memory_total_bytes": 80 * 2**30, "memory_used_bytes": used,
+            "utilization_gpu_pct": rng.randint(0, 100),
+            "utilization_memory_pct": rng.randint(0, 100),
+            "temperature_c": rng.randint(30, 80), "power_w": rng.uniform(80, 700),
+            "power_limit_w": 700.0, "sm_clock_mhz": 1980, "max_sm_clock_mhz": 1980,
+            "mem_clock_mhz": 2619, "max_mem_clock_mhz": 2619, "clocks_event_reasons": 0,
+            "throttle_reasons": 0, "pcie_tx_kbps": rng.randint(0, 10**6),
+            "pcie_rx_kbps": rng.randint(0, 10**6), "ecc_corrected": 0, "ecc_uncorrected": 0,
+            "processes": [], "missing": []}}
+Gpu.objects.bulk_create(
+    [Gpu(host=h, index=g, uuid=f"GPU-bench-{{h.pk}}-{{g}}", name="NVIDIA H100 80GB HBM3",
+         memory_bytes=80 * 2**30, numa_node=g * 2 // GPUS, last_sample=reading(),
+         last_sample_at=now)
+     for h in hosts for g in range(GPUS)],
+    batch_size=2000,
+)
+print(json.dumps({{"hosts": Host.objects.count(), "gpus": Gpu.objects.count()}}))
+"""
+
 COUNT = r"""
 import json, statistics, time
 from django.conf import settings
@@ -232,6 +279,9 @@ def parse_args():
     p.add_argument("--concurrency", type=int, default=32, help="the benchmark's streams")
     p.add_argument("--burners", type=int, default=os.cpu_count(), help="busy-loop processes")
     p.add_argument("--only", help="a regular expression: only the pages whose name matches")
+    p.add_argument("--hosts", type=int, default=0, help="more hosts in the fleet (issue 22)")
+    p.add_argument("--gpus-per-host", type=int, default=8)
+    p.add_argument("--idle-only", action="store_true", help="no loaded pass (a short run)")
     return p.parse_args()
 
 
@@ -249,12 +299,18 @@ def shell(env: dict, script: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def pages(ids: dict) -> list[tuple[str, str]]:
+def pages(ids: dict, fleet: bool) -> list[tuple[str, str]]:
     runs = ids["runs"]
     compare = "/benchmarks/compare/?"
+    hosts = [("hosts list", "/hosts/")]
+    if fleet:
+        hosts += [
+            ("hosts list page 2", "/hosts/?page=2"),
+            ("hosts filtered", "/hosts/?label=zone%3Deu&gpu=H100&status=online&page=2"),
+        ]
     return [
         ("dashboard", "/"),
-        ("hosts list", "/hosts/"),
+        *hosts,
         ("host page", f"/hosts/{ids['host']}/"),
         ("history (runs list)", "/benchmarks/"),
         ("run page", f"/benchmarks/{runs[0]}/"),
@@ -298,12 +354,13 @@ def time_pages(client: httpx.Client, cases, repeat: int, log_path: Path) -> dict
             start = time.perf_counter()
             response = client.get(url)
             times.append((time.perf_counter() - start) * 1000)
+            size = len(response.content)
             if response.status_code != 200:
                 log = log_path.read_text(errors="replace")[-4000:]
                 raise SystemExit(f"{name}: {url} answered {response.status_code}\n{log}")
         times.sort()
         p95 = times[min(len(times) - 1, round(0.95 * (len(times) - 1)))]
-        results[name] = (statistics.median(times), p95, times[-1])
+        results[name] = (statistics.median(times), p95, times[-1], size)
     return results
 
 
@@ -364,46 +421,64 @@ def main() -> int:
                 env,
                 SEED.format(runs=args.runs, changes=args.changes, concurrency=args.concurrency),
             )
+            fleet = None
+            if args.hosts:
+                fleet = shell(env, FLEET.format(hosts=args.hosts, gpus=args.gpus_per_host))
             seeded = time.perf_counter() - started
-            cases = pages(ids)
+            cases = pages(ids, bool(args.hosts))
             if args.only:
                 cases = [(n, u) for n, u in cases if re.search(args.only, n)]
             counts = shell(env, COUNT.format(pages=repr(cases), repeat=args.repeat))
+            loaded, load_note = {}, "no loaded pass (--idle-only)"
             with httpx.Client(base_url=url, timeout=60, follow_redirects=False) as client:
                 log_in(client, password)
                 idle = time_pages(client, cases, args.repeat, log_path)
-                run_url, *procs = start_load(client, ids, args.burners)
-                try:
-                    loaded = time_pages(client, cases, args.repeat, log_path)
-                    # The load was real to the end: the run still running, requests served.
-                    status, last = latest_point(client, run_url)
-                    load_note = (
-                        f"benchmark {status} at the end, {last.get('t', 0):.0f} s in: "
-                        f"{last.get('in_flight')} requests in flight, "
-                        f"{last.get('requests_per_s', 0):.1f} requests/s, "
-                        f"{last.get('output_tokens_per_s', 0):.0f} output tokens/s"
-                    )
-                finally:
-                    for proc in procs:
-                        proc.terminate()
-                    token = csrf(client, run_url)
-                    client.post(run_url + "cancel/", data={"csrfmiddlewaretoken": token})
+                if not args.idle_only:
+                    loaded, load_note = loaded_pass(client, ids, cases, args, log_path)
+    fleet_note = f" · fleet: {fleet['hosts']} hosts, {fleet['gpus']} GPUs (SQLite)" if fleet else ""
+    load = (
+        f"{args.concurrency}-stream benchmark on the demo fleet + {args.burners} busy-loop "
+        "processes"
+    )
     print(
         f"{os.cpu_count()} CPUs · {args.runs} runs + {args.changes} changes seeded in "
-        f"{seeded:.0f} s · {args.repeat} requests a page · load: a {args.concurrency}-stream "
-        f"benchmark on the demo fleet + {args.burners} busy-loop processes"
+        f"{seeded:.0f} s{fleet_note} · {args.repeat} requests a page"
+        + ("" if args.idle_only else f" · load: a {load}")
     )
     print(load_note)
-    head = f"{'page':<22}{'queries':>8}{'cpu ms':>7} | {'idle p50':>9}{'p95':>7}{'max':>7} |"
+    head = (
+        f"{'page':<22}{'queries':>8}{'cpu ms':>7}{'KiB':>6} | {'idle p50':>9}{'p95':>7}{'max':>7} |"
+    )
     print(head + f" {'load p50':>9}{'p95':>7}{'max':>7}")
     for name, _ in cases:
-        i, lo = idle[name], loaded[name]
+        i, lo = idle[name], loaded.get(name)
+        under_load = f" {lo[0]:>9.0f}{lo[1]:>7.0f}{lo[2]:>7.0f}" if lo else f" {'—':>9}"
         print(
-            f"{name:<22}{counts[name][0]:>8}{counts[name][2]:>7.0f} |"
-            f" {i[0]:>9.0f}{i[1]:>7.0f}{i[2]:>7.0f} |"
-            f" {lo[0]:>9.0f}{lo[1]:>7.0f}{lo[2]:>7.0f}"
+            f"{name:<22}{counts[name][0]:>8}{counts[name][2]:>7.0f}{i[3] / 1024:>6.0f} |"
+            f" {i[0]:>9.0f}{i[1]:>7.0f}{i[2]:>7.0f} |" + under_load
         )
     return 0
+
+
+def loaded_pass(client: httpx.Client, ids: dict, cases, args, log_path: Path):
+    """The pages again while a real benchmark and the busy loops load the machine."""
+    run_url, *procs = start_load(client, ids, args.burners)
+    try:
+        loaded = time_pages(client, cases, args.repeat, log_path)
+        # The load was real to the end: the run still running, requests served.
+        status, last = latest_point(client, run_url)
+        load_note = (
+            f"benchmark {status} at the end, {last.get('t', 0):.0f} s in: "
+            f"{last.get('in_flight')} requests in flight, "
+            f"{last.get('requests_per_s', 0):.1f} requests/s, "
+            f"{last.get('output_tokens_per_s', 0):.0f} output tokens/s"
+        )
+    finally:
+        for proc in procs:
+            proc.terminate()
+        token = csrf(client, run_url)
+        client.post(run_url + "cancel/", data={"csrfmiddlewaretoken": token})
+    return loaded, load_note
 
 
 if __name__ == "__main__":
