@@ -9,7 +9,7 @@ from rest_framework import serializers
 
 from api.base import StrictSerializerMixin
 from benchmarks.metrics import HISTORY
-from benchmarks.models import LoadProfile
+from benchmarks.models import MAX_SHARDS, LoadProfile
 from hosts.models import Deployment
 
 # ``?ttft_p95=…`` of the verdict → the ``changes.verdict.Thresholds`` field it sets.
@@ -108,17 +108,33 @@ class RunDetailSerializer(serializers.Serializer):
     stopped_early = serializers.CharField()
     notes = serializers.ListField(child=serializers.CharField())
     results = serializers.DictField(allow_null=True)
+    shards = serializers.IntegerField(help_text="Load generators that sent the run's load.")
+    shard_health = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="Per shard of a sharded run: worker, sent/done/failed, clock offset ± "
+        "uncertainty (ms), send lateness p99 (ms), behind, status and error; empty for 1.",
+    )
     links = RunLinksSerializer()
 
 
 class RunStartSerializer(StrictSerializerMixin, serializers.Serializer):
-    """What starts a run, as the New run page asks: the engine and the profile version."""
+    """What starts a run, as the New run page asks: the engine, the profile version and how
+    many load generators send it."""
 
     deployment = serializers.PrimaryKeyRelatedField(
         queryset=Deployment.objects.select_related("host", "active_config")
     )
     profile = serializers.PrimaryKeyRelatedField(queryset=LoadProfile.objects.all())
     label = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
+    shards = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_SHARDS,
+        required=False,
+        default=1,
+        help_text=f"Load generators (workers of the loadgen queue) splitting the profile's one "
+        f"schedule, 1 to {MAX_SHARDS}; more than 1 needs request-rate stages and production "
+        "mode (409 otherwise, saying why).",
+    )
 
 
 class RunTimelineSerializer(serializers.Serializer):

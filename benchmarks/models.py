@@ -116,6 +116,10 @@ def spec_with_override(spec: dict, override: dict | None) -> dict:
     return out
 
 
+# The most load generator shards a run may be split over (``BenchmarkRun.shards``).
+MAX_SHARDS = 16
+
+
 # A run's log and JSON documents: several KB each, decoded per row. Lists that show a run's
 # name, status and a number or two leave them in the database (``.defer(*RUN_DOCUMENTS)``): SQLite
 # sorts the history with every selected column carried along.
@@ -251,6 +255,12 @@ class BenchmarkRun(BackgroundOperation):
     )
     notes = models.JSONField(default=list, blank=True)
     stopped_early = models.CharField(max_length=300, blank=True)
+    shards = models.PositiveSmallIntegerField(
+        default=1,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_SHARDS)],
+        help_text="Load generator processes (Celery workers of the loadgen queue) sending the "
+        "run's one schedule between them; 1: the run's own worker sends it all.",
+    )
 
     class Meta(BackgroundOperation.Meta):
         indexes = [
@@ -343,6 +353,103 @@ class RunRequestLog(models.Model):
 
     def __str__(self) -> str:
         return f"{self.count} requests of {self.run}"
+
+
+class RunShard(models.Model):
+    """One shard of a sharded run (``BenchmarkRun.shards`` > 1): a load generator on a worker
+    of the ``loadgen`` queue sending request numbers ``i % shards == number`` of the run's one
+    schedule (``benchmarks.services.shards``). The row is where the coordinator and the shard
+    meet (the shard checks in ready, the coordinator writes the shared start time and, to
+    stop it early, a reason) and, once the run is over, the shard's health as the run page
+    shows it: who ran it, what it sent, its clock's offset to the reference and how late its
+    sends were against the schedule."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        STARTING = "starting", "Starting"
+        READY = "ready", "Ready"
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    run = models.ForeignKey(BenchmarkRun, on_delete=models.CASCADE, related_name="run_shards")
+    number = models.PositiveSmallIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    hostname = models.CharField(max_length=200, blank=True, help_text="The Celery worker.")
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    start_at = models.FloatField(
+        null=True, blank=True, help_text="The shared start, seconds on the reference clock."
+    )
+    stop_reason = models.CharField(
+        max_length=300, blank=True, help_text="Set by the coordinator: stop sending, why."
+    )
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    sent = models.PositiveIntegerField(default=0)
+    done = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    offset_ms = models.FloatField(null=True, blank=True)
+    offset_uncertainty_ms = models.FloatField(null=True, blank=True)
+    late_p99_ms = models.FloatField(
+        null=True, blank=True, help_text="How late its sends were against the schedule, p99."
+    )
+    behind = models.BooleanField(
+        default=False, help_text="Its sends fell behind the schedule: it measured itself."
+    )
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["run", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "number"], name="runshard_unique_number")
+        ]
+
+    def __str__(self) -> str:
+        return f"shard {self.number} of {self.run}"
+
+    @property
+    def health(self) -> dict:
+        """What the run page's table and the export say of the shard."""
+        return {
+            "shard": self.number,
+            "status": self.status,
+            "hostname": self.hostname,
+            "pid": self.pid,
+            "sent": self.sent,
+            "done": self.done,
+            "failed": self.failed,
+            "offset_ms": self.offset_ms,
+            "offset_uncertainty_ms": self.offset_uncertainty_ms,
+            "late_p99_ms": self.late_p99_ms,
+            "behind": self.behind,
+            "error": self.error,
+        }
+
+
+class RunShardChunk(models.Model):
+    """What a shard sends its coordinator through the database, a piece at a time: each
+    second's tick (merged into the run's live points), its records in chunks (never one giant
+    message) and its report. zlib-compressed JSON; deleted once the run's results are stored."""
+
+    class Kind(models.TextChoices):
+        TICK = "tick", "Tick"
+        RECORDS = "records", "Records"
+        REPORT = "report", "Report"
+
+    shard = models.ForeignKey(RunShard, on_delete=models.CASCADE, related_name="chunks")
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    seq = models.PositiveIntegerField()
+    data = models.BinaryField()
+
+    class Meta:
+        ordering = ["shard", "kind", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["shard", "kind", "seq"], name="runshardchunk_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.seq} of {self.shard}"
 
 
 class ImportJob(BackgroundOperation):

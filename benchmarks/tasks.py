@@ -5,8 +5,8 @@ its profile (``controlpanel.timelimits.benchmark``); the decorator's covers the 
 from celery import shared_task
 from django.conf import settings
 
-from benchmarks.models import BenchmarkRun, ImportJob
-from benchmarks.services import imports, runs
+from benchmarks.models import BenchmarkRun, ImportJob, RunShard
+from benchmarks.services import imports, runs, shard_worker, shards
 from controlpanel import timelimits
 from controlpanel.jobs import run_job
 
@@ -21,6 +21,22 @@ def run_benchmark(run_pk: int) -> None:
         runs.execute_run,
         runs.fail_run,
         what="the run",
+    )
+
+
+# Routed to the loadgen queue (controlpanel/celery.py); its limit is sent per call, the run's.
+@shared_task(bind=True, **timelimits.benchmark(int(settings.BENCHMARK_MAX_SECONDS)).options())
+def run_shard(self, shard_pk: int) -> None:
+    """One load generator shard of a sharded run (``benchmarks.services.shard_worker``)."""
+    run_job(
+        RunShard.objects.select_related(
+            "run__deployment__host", "run__engine_config", "run__load_profile"
+        ),
+        shard_pk,
+        lambda shard: shard_worker.execute_shard(shard, self.request.hostname or ""),
+        shard_worker.fail_shard,
+        what="the load generator shard",
+        finished=lambda shard: shard.status in shards.DONE,
     )
 
 

@@ -29,6 +29,7 @@ from benchmarks.forms.history import HistoryForm
 from benchmarks.models import BenchmarkRun
 from benchmarks.services import export, history
 from benchmarks.services import runs as services
+from benchmarks.services.shards import shard_health
 from benchmarks.services.timeline import BACKFILL_PAGE
 from benchmarks.services.timeline import points_after as timeline_points
 from changes import verdict
@@ -112,7 +113,11 @@ class RunViewSet(TokenAuditMixin, viewsets.GenericViewSet):
         data = body.validated_data
         try:
             run = services.start_benchmark(
-                request.user, data["deployment"], data["profile"], label=data["label"]
+                request.user,
+                data["deployment"],
+                data["profile"],
+                label=data["label"],
+                shards=data["shards"],
             )
         except services.RunRefused as exc:
             raise Conflict(str(exc)) from None
@@ -260,6 +265,8 @@ def detail(run: BenchmarkRun) -> dict:
         "stopped_early": run.stopped_early,
         "notes": list(run.notes or []),
         "results": results(run) if finished_with_results else None,
+        "shards": run.shards,
+        "shard_health": shard_health(run) if run.shards > 1 else [],
         "links": {
             "page": run.get_absolute_url(),
             "timeline": reverse("api:run-timeline", args=[run.pk]),

@@ -1,10 +1,12 @@
-"""Launching a benchmark: which deployment, which profile version, a label."""
+"""Launching a benchmark: which deployment, which profile version, a label, and how many
+load generators send its load."""
 
 from __future__ import annotations
 
 from django import forms
 
-from benchmarks.models import LoadProfile
+from benchmarks.models import MAX_SHARDS, LoadProfile
+from benchmarks.services.shards import refusal
 from hosts.models import Deployment
 
 
@@ -34,6 +36,15 @@ class RunForm(forms.Form):
     label = forms.CharField(
         max_length=100, required=False, help_text="e.g. 'baseline' or 'max-num-seqs 512'."
     )
+    shards = forms.IntegerField(
+        label="Load generators",
+        min_value=1,
+        max_value=MAX_SHARDS,
+        initial=1,
+        help_text=f"1 to {MAX_SHARDS}. More than one splits the profile's one schedule over "
+        "workers of the loadgen queue, for loads one process cannot send on time "
+        "(request-rate stages only).",
+    )
 
     def __init__(self, *args, extra_profile: LoadProfile | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -43,3 +54,15 @@ class RunForm(forms.Form):
                 LoadProfile.objects.filter(pk=extra_profile.pk)
             )
         self.fields["load_profile"].queryset = profiles.order_by("name", "-version")
+
+    def clean(self):
+        data = super().clean()
+        profile, shards = data.get("load_profile"), data.get("shards")
+        if profile is not None and shards is not None:
+            try:
+                problem = refusal(profile.spec, shards)
+            except ValueError:
+                problem = None  # a profile that cannot run is refused when it starts
+            if problem:
+                self.add_error("shards", problem)
+        return data

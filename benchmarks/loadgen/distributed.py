@@ -21,8 +21,8 @@ from dataclasses import dataclass, fields, replace
 
 from benchmarks.loadgen.arrivals import open_loop_offsets, open_loop_stream
 from benchmarks.loadgen.client import CLOCK
-from benchmarks.loadgen.runner import LoadGenError, LoadRun
-from benchmarks.loadgen.shard import TICK_SUMS
+from benchmarks.loadgen.runner import ErrorStop, LoadGenError, LoadRun
+from benchmarks.loadgen.shard import TICK_SUMS, merge_points
 from benchmarks.loadgen.spec import LoadSpec, Stage
 from benchmarks.loadgen.stats import RequestRecord, percentile, summarize
 
@@ -109,13 +109,16 @@ class ShardRun(LoadRun):
         offset: ClockOffset,
         on_progress=None,
         clock=time.time,
+        error_stop: ErrorStop | None = None,
     ):
         # Warm-up requests are not part of the shared schedule (each shard would start its
-        # stages at a different time after them): the coordinator warms the engine up once.
+        # stages at a different time after them): one shard warms the engine up before the
+        # start (``warm_up``).
         super().__init__(
             replace(spec, warmup_requests=0, workers=1, record_requests=True),
             on_progress=on_progress,
             shard=(shard, shards),
+            error_stop=error_stop,
         )
         self.start_at = start_at
         self.offset = offset
@@ -129,6 +132,26 @@ class ShardRun(LoadRun):
             await asyncio.sleep(delay)
         # The moment the run's monotonic clock starts, in reference seconds.
         self.epoch_wall = self.clock() + self.offset.offset_s
+
+    async def warm_up(self, requests: int) -> int:
+        """Send ``requests`` warm-up requests (4 at a time) before the shared start, outside
+        the schedule and the records; returns how many were sent. Call from
+        ``_before_epoch``, once the engine is ready."""
+        if requests <= 0 or self.stopping:
+            return 0
+        self.epoch = CLOCK()
+        first = len(self.records)
+        semaphore = asyncio.Semaphore(4)
+        prompts = [self.prompts.make(-1 - i) for i in range(requests)]
+        await asyncio.gather(
+            *(
+                self._do(self._record("warmup", p, CLOCK() - self.epoch, True), p, semaphore)
+                for p in prompts
+            )
+        )
+        del self.records[first:]
+        self._finished_chunks = 0  # the first second's tokens/s counts the schedule's only
+        return len(prompts)
 
     async def _stage(self, stage: Stage) -> None:
         number = self._stage_number
@@ -153,14 +176,18 @@ class ShardRun(LoadRun):
         await self._dispatch(stage.name, plan(), deadline, semaphore)
 
 
-def shard_report(load: ShardRun, result, hostname: str = "") -> dict:
-    """What a shard sends back: its records in reference wall-clock seconds and its health."""
+def shard_report(load: ShardRun, result, hostname: str = "", origin: float = 0.0) -> dict:
+    """What a shard sends back: its records in reference wall-clock seconds since ``origin``
+    (0: the epoch; the shared start keeps the numbers small, so float32 request logs and
+    float64 differences keep their precision) and its health, with the parts of its result
+    the merged result keeps (server metrics, notes, how it ended)."""
     records = [r for r in result.records or ()]
+    shift = load.epoch_wall - origin
     for data in records:
         for key in ("scheduled", "sent", "end", "first_token"):
             if data.get(key) is not None:
-                data[key] = data[key] + load.epoch_wall
-        data["chunk_times"] = [t + load.epoch_wall for t in data["chunk_times"]]
+                data[key] = data[key] + shift
+        data["chunk_times"] = [t + shift for t in data["chunk_times"]]
     late = sorted(
         (d["sent"] - d["scheduled"]) * 1000
         for d in records
@@ -179,6 +206,12 @@ def shard_report(load: ShardRun, result, hostname: str = "") -> dict:
         "failed": sum(1 for d in records if d["error_class"] is not None),
         "late_p99_ms": percentile(late, 99) if late else None,
         "error": None,
+        "server": result.server,
+        "notes": list(result.notes),
+        "cancelled": result.cancelled,
+        "stopped_early": result.stopped_early,
+        "stopped_on_errors": result.stopped_on_errors,
+        "timestamps": result.summary.get("timestamps"),
     }
 
 
@@ -217,6 +250,50 @@ def merge_timelines(reports: list[dict]) -> list[dict]:
                 point[key] += source.get(key) or 0
         merged.append(point)
     return merged
+
+
+class TickMerger:
+    """A run's live points from its shards' per-second ticks, as they arrive: tick ``n`` of
+    every shard covers the same second (they start together), so tick ``n`` is merged
+    (``shard.merge_points``) once every shard still running has sent it; a finished shard's
+    counts carry on in the points after its last."""
+
+    def __init__(self, shards: int):
+        self.shards = shards
+        self.pending: dict[int, dict[int, dict]] = {}
+        self.finished: set[int] = set()
+        self.last: dict[int, dict] = {}
+
+    def add(self, shard: int, number: int, tick: dict) -> None:
+        self.pending.setdefault(number, {})[shard] = tick
+
+    def finish(self, shard: int) -> None:
+        """Call once every tick of ``shard`` has been added."""
+        self.finished.add(shard)
+
+    def ready(self) -> list[dict]:
+        """The merged points that no running shard can add to any more, in order."""
+        running = set(range(self.shards)) - self.finished
+        out = []
+        while self.pending:
+            number = min(self.pending)
+            if not running <= set(self.pending[number]):
+                break
+            out.append(self._merge(self.pending.pop(number)))
+        return out
+
+    def flush(self) -> list[dict]:
+        """Every tick still pending (the run is over), merged."""
+        return [self._merge(self.pending.pop(n)) for n in sorted(self.pending)]
+
+    def _merge(self, ticks: dict[int, dict]) -> dict:
+        point = merge_points(list(ticks.values()))
+        for shard, last in self.last.items():
+            if shard not in ticks:
+                for key in ("completed", "failed"):
+                    point[key] += last.get(key) or 0
+        self.last.update(ticks)
+        return point
 
 
 # A shard whose sends were this late at p99 measured its own delay, not the server's.
@@ -292,6 +369,7 @@ __all__ = [
     "ClockOffset",
     "ShardFailed",
     "ShardRun",
+    "TickMerger",
     "estimate_offset",
     "measure_offset",
     "merge_reports",

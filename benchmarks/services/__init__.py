@@ -2,7 +2,9 @@
 
 - ``runs``: start, cancel, execute and fail a run (and sweep runs whose worker is gone);
   ``points`` (its live per-second points), ``environment`` (what it records about where it
-  ran) and ``results`` (storing what the load generator measured) serve it.
+  ran) and ``results`` (storing what the load generator measured) serve it; ``shards``
+  coordinates a run split over load generators on the ``loadgen`` queue, ``shard_worker``
+  is one of them.
 - ``history``: the filtered, sorted list; ``compare`` (with its charts in ``figures``);
   ``export`` and ``imports``.
 - ``profiles``: load profiles; ``prices``: prices and the cost page.

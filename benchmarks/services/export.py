@@ -13,6 +13,7 @@ from benchmarks.loadgen.profile import build_spec
 from benchmarks.loadgen.spec import SpecError
 from benchmarks.metrics import RECORDED
 from benchmarks.models import BenchmarkRun, RunPoint
+from benchmarks.services.shards import shard_health
 from controlpanel.choices import OperationStatus
 from hosts.engines.redaction import masked
 
@@ -125,6 +126,8 @@ def _panel(run: BenchmarkRun) -> dict:
         "currency": run.currency,
         "cost_per_million_output": run.cost_per_million_output,
         "distributions": run.distributions or {},
+        "shards": run.shards,
+        "shard_health": shard_health(run) if run.shards > 1 else [],
         "environment": {k: v for k, v in (run.environment or {}).items() if k != "spec"},
     }
 

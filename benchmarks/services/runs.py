@@ -22,6 +22,7 @@ from benchmarks.loadgen.runner import ErrorStop, LoadGenError, LoadRun, arun_wit
 from benchmarks.loadgen.spec import LoadSpec, SpecError
 from benchmarks.loadgen.transport import new_event_loop_factory
 from benchmarks.models import BenchmarkRun, LoadProfile, spec_with_override
+from benchmarks.services import shards as sharding
 from benchmarks.services.environment import environment
 from benchmarks.services.points import PointSink
 from benchmarks.services.results import (
@@ -71,6 +72,7 @@ def start_benchmark(
     enqueue: bool = True,
     owner=None,
     load_override: dict | None = None,
+    shards: int = 1,
 ) -> BenchmarkRun:
     """Queue a load test of ``deployment`` under ``profile`` with the config it runs now,
     when nothing else uses the engine (``hosts.services.occupancy``: another run, an apply or
@@ -80,12 +82,15 @@ def start_benchmark(
     run, for a caller on a worker that executes it itself (``execute_run``), such as a
     change's verification. ``load_override``: run the profile at another load
     (``{"mode": "rate"|"concurrency", "value": x, "seed": n}``, a sweep's search), recorded on
-    the run."""
+    the run. ``shards``: load generators on the ``loadgen`` queue sending its one schedule
+    between them (``shards``; 1: the run's own worker sends it all)."""
     spec = spec_with_override(profile.spec, load_override)
     try:
         planned = plan(spec)
     except SpecError as exc:
         raise RunRefused(f"{profile} cannot run: {exc}") from None
+    if problem := sharding.refusal(spec, shards):
+        raise RunRefused(problem)
     try:
         with transaction.atomic():
             deployment = (
@@ -98,7 +103,7 @@ def start_benchmark(
                 occupancy.require_free(deployment, occupancy.Purpose.RUN, owner=owner)
             except occupancy.DeploymentBusy as busy:
                 raise RunRefused(str(busy)) from None
-            run = _create_run(actor, deployment, profile, label, planned, load_override)
+            run = _create_run(actor, deployment, profile, label, planned, load_override, shards)
             if enqueue:
                 _enqueue(run, time_limit_for(profile, spec))
     except IntegrityError:
@@ -122,7 +127,13 @@ def occupants(deployment: Deployment) -> list[occupancy.Occupant]:
 
 
 def _create_run(
-    actor, deployment: Deployment, profile: LoadProfile, label: str, planned, load_override=None
+    actor,
+    deployment: Deployment,
+    profile: LoadProfile,
+    label: str,
+    planned,
+    load_override=None,
+    shards: int = 1,
 ):
     """The queued run row, with what the deployment runs now, and its audit entry."""
     planned_requests, planned_seconds = planned
@@ -141,6 +152,7 @@ def _create_run(
         planned_requests=planned_requests,
         planned_duration_s=planned_seconds,
         error_rate_limit=profile_error_rate_limit(profile),
+        shards=shards,
     )
     audit(
         actor,
@@ -151,6 +163,7 @@ def _create_run(
             "config_version": config.version if config else None,
             "profile": str(profile),
             **({"load": load_override} if load_override else {}),
+            **({"shards": shards} if shards > 1 else {}),
         },
     )
     return run
@@ -194,18 +207,22 @@ def execute_run(run: BenchmarkRun) -> BenchmarkRun:
     publish_status(run)
     with tempfile.TemporaryDirectory(prefix="benchmark-") as scratch:
         try:
-            spec = _spec(run, Path(scratch))
+            spec = run_spec(run, Path(scratch))
         except SpecError as exc:
             return fail_run(run, f"the profile cannot run: {exc}")
         _record_environment(run, spec)
         try:
-            result = _measure(run, spec)
+            if run.shards > 1:
+                limit = time_limit_for(run.load_profile, run.profile_spec)
+                result = sharding.measure_sharded(run, spec, limit, error_stop(run))
+            else:
+                result = _measure(run, spec)
         except LoadGenError as exc:
             return fail_run(run, str(exc))
     return _record(run, result)
 
 
-def _spec(run: BenchmarkRun, scratch: Path) -> LoadSpec:
+def run_spec(run: BenchmarkRun, scratch: Path) -> LoadSpec:
     """The load generator spec of the run's profile, aimed at its deployment (a replay's
     trace is written to ``scratch``)."""
     doc, deployment = run.profile_spec, run.deployment

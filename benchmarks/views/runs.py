@@ -20,12 +20,17 @@ from benchmarks.services.results import (
     status_badge,
 )
 from benchmarks.services.runs import RunRefused
+from benchmarks.services.shards import shard_health
 from benchmarks.services.timeline import (
     BACKFILL_PAGE,
     points_after,
 )
 
-PARTS = {"results": "benchmarks/_run_results.html", "facts": "benchmarks/_run_facts.html"}
+PARTS = {
+    "results": "benchmarks/_run_results.html",
+    "facts": "benchmarks/_run_facts.html",
+    "shards": "benchmarks/_run_shards.html",
+}
 
 
 @permission_required("benchmarks.add_benchmarkrun", raise_exception=True)
@@ -42,6 +47,7 @@ def run_new(request):
                 form.cleaned_data["deployment"],
                 form.cleaned_data["load_profile"],
                 label=form.cleaned_data["label"],
+                shards=form.cleaned_data["shards"],
             )
         except RunRefused as exc:
             form.add_error(None, str(exc))
@@ -141,4 +147,5 @@ def _context(run: BenchmarkRun) -> dict:
         "latency_columns": [label for label, _ in LATENCY_COLUMNS],
         # exists(), not run.request_log: that would read the whole blob.
         "has_log": RunRequestLog.objects.filter(run=run).exists(),
+        "shards": shard_health(run) if run.shards > 1 else [],
     }
