@@ -5,9 +5,7 @@ helpers (the config history's diffs, the price list's rows, the audit log's filt
 from __future__ import annotations
 
 from django.db import IntegrityError
-from django.db.models import Prefetch, TextField
-from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import Cast
+from django.db.models import Prefetch
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import viewsets
@@ -34,6 +32,7 @@ from controlpanel.models import AuditEntry
 from hosts.choices import EngineKind, HostStatus, OperationKind
 from hosts.models import LABEL_KEY, Deployment, EngineConfig, EngineOperation, Gpu, Host
 from hosts.services import deployments as deployment_services
+from hosts.services import fleet_list
 
 
 def _param(name: str, description: str, enum=None) -> OpenApiParameter:
@@ -52,20 +51,15 @@ def _choice(request, name: str, choices) -> str | None:
 
 
 def _label_filter(queryset, terms: list[str]):
-    """``?label=key`` (has the label) or ``?label=key=value``; several are all required."""
-    for n, term in enumerate(terms):
+    """``?label=key`` (has the label) or ``?label=key=value``; several are all required
+    (the hosts list's rule: ``hosts.services.fleet_list.with_labels``)."""
+    labels = []
+    for term in terms:
         key, eq, value = term.partition("=")
         if not LABEL_KEY.match(key):
             raise ValidationError({"label": [f"{key!r} is not a label key (key or key=value)."]})
-        if not eq:
-            queryset = queryset.filter(labels__has_key=key)
-            continue
-        # A transform, not ``labels__<key>``: a key such as "contains" must stay a key; cast
-        # so the comparison is of text (the JSON key lookups would parse the value as JSON).
-        alias = f"_label_{n}"
-        text = Cast(KeyTextTransform(key, "labels"), TextField())
-        queryset = queryset.alias(**{alias: text}).filter(**{alias: value})
-    return queryset
+        labels.append((key, value if eq else None))
+    return fleet_list.with_labels(queryset, labels)
 
 
 class ReadViewSet(TokenAuditMixin, viewsets.ReadOnlyModelViewSet):
