@@ -368,6 +368,7 @@ def measure_tier(args, env, seeded, workers: int, background: list[int]) -> dict
         ):
             coro, kind = run()
             web0, bg0, pg0 = cpu_seconds([tier.pid]), cpu_seconds(background), postgres_cpu()
+            me0 = time.process_time()
             t0 = time.monotonic()
             answer = asyncio.run(coro)
             wall = time.monotonic() - t0
@@ -383,12 +384,16 @@ def measure_tier(args, env, seeded, workers: int, background: list[int]) -> dict
                     f" {late * 1000:.0f} ms"
                 )
                 row.update(pending=pending)
+            web = cpu_seconds([tier.pid]) - web0
             print(
-                f"    CPU over the window: web {100 * (cpu_seconds([tier.pid]) - web0) / wall:.0f}"
-                f" %, worker/beat/fleet {100 * (cpu_seconds(background) - bg0) / wall:.0f} %,"
-                f" postgres {100 * (postgres_cpu() - pg0) / wall:.0f} % of a core;"
-                f" load {os.getloadavg()[0]:.1f}"
+                f"    CPU over the window: web {100 * web / wall:.0f} %, worker/beat/fleet"
+                f" {100 * (cpu_seconds(background) - bg0) / wall:.0f} %, postgres"
+                f" {100 * (postgres_cpu() - pg0) / wall:.0f} %, this client"
+                f" {100 * (time.process_time() - me0) / wall:.0f} % of a core;"
+                f" load {os.getloadavg()[0]:.1f}; web CPU per page view"
+                f" {1000 * web / max(len(results), 1):.1f} ms"
             )
+            row["web_cpu_ms_per_view"] = 1000 * web / max(len(results), 1)
             out["closed" if kind is None else "open"] = row
     finally:
         tier.terminate()
