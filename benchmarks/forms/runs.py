@@ -41,6 +41,7 @@ class RunForm(forms.Form):
         min_value=1,
         max_value=MAX_SHARDS,
         initial=1,
+        required=False,
         help_text=f"1 to {MAX_SHARDS}. More than one splits the profile's one schedule over "
         "workers of the loadgen queue, for loads one process cannot send on time "
         "(request-rate stages only).",
@@ -54,6 +55,9 @@ class RunForm(forms.Form):
                 LoadProfile.objects.filter(pk=extra_profile.pk)
             )
         self.fields["load_profile"].queryset = profiles.order_by("name", "-version")
+
+    def clean_shards(self) -> int:
+        return self.cleaned_data["shards"] or 1  # left empty: one load generator
 
     def clean(self):
         data = super().clean()

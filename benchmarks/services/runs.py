@@ -323,6 +323,10 @@ def fail_run(run: BenchmarkRun, error: str) -> BenchmarkRun:
         run.append_log(error)
         run.transition_to(OperationStatus.FAILED, error=error[:2000])
         publish_status(run)
+    if run.shards > 1:
+        # A coordinator that died left its shards' pieces; its shards stop on their own
+        # once they see the run closed.
+        sharding.discard_chunks(run)
     return run
 
 

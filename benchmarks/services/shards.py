@@ -123,7 +123,12 @@ def measure_sharded(run: BenchmarkRun, spec: LoadSpec, limit: int, error_stop=No
         stop_shards(run, f"the run failed: {exc}" if isinstance(exc, ShardFailed) else "stopped")
         raise
     finally:
-        RunShardChunk.objects.filter(shard__run=run).delete()
+        discard_chunks(run)
+
+
+def discard_chunks(run: BenchmarkRun) -> None:
+    """What the shards sent through the database: merged into the run's rows, or of no use."""
+    RunShardChunk.objects.filter(shard__run=run).delete()
 
 
 def stop_shards(run: BenchmarkRun, reason: str) -> None:

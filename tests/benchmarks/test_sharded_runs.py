@@ -322,3 +322,62 @@ def test_two_shards_send_the_one_schedule_and_merge(fixed_server, settings):  # 
     assert sorted(r["index"] for r in result.records) == list(range(40))
     # Records are on the shared start's clock: seconds, not 1.7e9.
     assert all(0 <= r["scheduled"] < 5 for r in result.records)
+
+
+class FakeLoad:
+    def __init__(self):
+        self.calls = []
+
+    def cancel(self, reason=None):
+        self.calls.append(reason)
+
+
+def test_a_shard_reads_its_start_and_stops_when_told(settings):
+    settings.EMBEDDED = False
+    run = runs.start_benchmark(
+        None, make_deployment(), make_profile(spec=PROFILE), shards=3, enqueue=False
+    )
+    run.transition_to(OperationStatus.RUNNING)
+    links = []
+    for number in range(3):
+        shard = RunShard.objects.create(run=run, number=number, status=READY)
+        link = shard_worker.ShardLink(shard)
+        link.load = FakeLoad()
+        links.append(link)
+    timed, cancelled, closed = links
+    timed._handle("tick", tick(0, 5))
+    timed._watch()
+    assert timed.start_at is None and timed.load.calls == []
+    assert shards.unpack(RunShardChunk.objects.get(kind="tick").data)["completed"] == 5
+    RunShard.objects.filter(run=run).update(start_at=123.5)
+    timed._watch()
+    assert timed.start_at == 123.5 and RunShard.objects.get(number=0).status == "running"
+    # The coordinator's reason (its time limit), passed on once.
+    RunShard.objects.filter(number=0).update(stop_reason="stopped at the run's time limit")
+    timed._watch()
+    timed._watch()
+    assert timed.load.calls == ["stopped at the run's time limit"]
+    # A user's cancel: cancelled, keeping what was measured.
+    BenchmarkRun.objects.filter(pk=run.pk).update(cancel_requested=True)
+    cancelled._watch()
+    assert cancelled.load.calls == [None]
+    # The run closed under it (the stale sweep, a coordinator that failed).
+    BenchmarkRun.objects.filter(pk=run.pk).update(status=OperationStatus.FAILED)
+    closed._watch()
+    assert closed.load.calls == ["the run was closed while it ran"]
+
+
+def test_a_redelivered_or_late_shard_fails_instead_of_sending(settings):
+    settings.EMBEDDED = False
+    run = runs.start_benchmark(
+        None, make_deployment(), make_profile(spec=PROFILE), shards=2, enqueue=False
+    )
+    run.transition_to(OperationStatus.RUNNING)
+    started = RunShard.objects.create(run=run, number=0, status=READY)
+    shard_worker.execute_shard(started, "w")
+    started.refresh_from_db()
+    assert started.status == "failed" and "its worker stopped during the shard" in started.error
+    late = RunShard.objects.create(run=run, number=1, stop_reason="the run failed: x")
+    shard_worker.execute_shard(late, "w")
+    late.refresh_from_db()
+    assert late.status == "failed" and "the run had ended" in late.error
