@@ -5,7 +5,10 @@ classes, so ``from hosts.models import GpuSample`` keeps working everywhere."""
 
 from __future__ import annotations
 
+import time
+
 from django.db import models
+from django.db.models.signals import post_delete, post_save
 
 # NVML's clock-event (throttle) reasons that slow a busy GPU, by the bit NVML sets for each
 # (nvmlClocksEventReason*; REFERENCE.md). Idle (0x1) is left out: a GPU with no work
@@ -96,3 +99,21 @@ class GpuSampleMinute(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gpu} @ {self.minute:%Y-%m-%d %H:%M}"
+
+
+# --- the pollers' GPU maps -------------------------------------------------------------------
+# Every worker process keeps a map of GPU UUIDs and indexes to rows (hosts.services.
+# telemetry_fleet) instead of loading 4,000 GPUs a second. Saving or deleting a GPU (inventory
+# refreshes, a host deleted with its GPUs) changes this version in the shared cache, which
+# every poller reads once a batch and rebuilds its map on a change.
+GPU_MAP_VERSION_KEY = "telemetry:gpu-map-version"
+
+
+def gpus_changed(**_kwargs) -> None:
+    from django.core.cache import cache
+
+    cache.set(GPU_MAP_VERSION_KEY, time.time_ns(), None)
+
+
+post_save.connect(gpus_changed, sender="hosts.Gpu", dispatch_uid="gpu-map-saved")
+post_delete.connect(gpus_changed, sender="hosts.Gpu", dispatch_uid="gpu-map-deleted")

@@ -331,38 +331,36 @@ def _close_interrupted(operation: EngineOperation, state: dict, host_pk: int) ->
 def downsample_telemetry(now: datetime | None = None) -> dict:
     """Fold 1-second samples into 1-minute aggregates, then forget what is past retention:
     raw samples after ``TELEMETRY_RAW_RETENTION_MINUTES``, minutes after
-    ``TELEMETRY_MINUTE_RETENTION_DAYS``. Idempotent: a minute is recomputed, not added twice."""
+    ``TELEMETRY_MINUTE_RETENTION_DAYS``. Idempotent: a minute is recomputed, not added twice.
+
+    What is folded: everything since the newest stored minute (inclusive: late samples of
+    that minute) and nothing of the minute still filling. After a pause of the scheduler
+    this picks up the backlog, so raw rows are never deleted unaggregated. On PostgreSQL the
+    roll-up is one ``INSERT … SELECT … GROUP BY`` and the deletes go in bounded chunks
+    (``hosts.services.telemetry_sql``)."""
+    from hosts.services import telemetry_sql
+
     now = now or timezone.now()
     this_minute = now.replace(second=0, microsecond=0)
-    minutes = _minute_aggregates(this_minute)
-    GpuSampleMinute.objects.bulk_create(
-        minutes,
-        batch_size=500,
-        update_conflicts=True,
-        unique_fields=["gpu", "minute"],
-        update_fields=MINUTE_FIELDS,
-    )
+    newest = GpuSampleMinute.objects.aggregate(m=Max("minute"))["m"]
+    aggregated = telemetry_sql.roll_up(newest, this_minute)
     raw_cutoff = now - timedelta(minutes=settings.TELEMETRY_RAW_RETENTION_MINUTES)
-    raw_deleted, _ = GpuSample.objects.filter(time__lt=min(raw_cutoff, this_minute)).delete()
+    raw_deleted = telemetry_sql.delete_before(GpuSample, "time", min(raw_cutoff, this_minute))
     minute_cutoff = now - timedelta(days=settings.TELEMETRY_MINUTE_RETENTION_DAYS)
-    minutes_deleted, _ = GpuSampleMinute.objects.filter(minute__lt=minute_cutoff).delete()
+    minutes_deleted = telemetry_sql.delete_before(GpuSampleMinute, "minute", minute_cutoff)
     return {
-        "aggregated": len(minutes),
+        "aggregated": aggregated,
         "raw_deleted": raw_deleted,
         "minutes_deleted": minutes_deleted,
     }
 
 
-def _minute_aggregates(this_minute: datetime) -> list[GpuSampleMinute]:
-    """One unsaved ``GpuSampleMinute`` per GPU and minute of the raw samples to fold.
-
-    Everything since the newest stored minute (inclusive: late samples of that minute) and
-    nothing of the minute still filling. After a pause of the scheduler this picks up the
-    backlog, so raw rows are never deleted unaggregated."""
-    newest = GpuSampleMinute.objects.aggregate(m=Max("minute"))["m"]
-    raw = GpuSample.objects.filter(time__lt=this_minute)
-    if newest is not None:
-        raw = raw.filter(time__gte=newest)
+def _minute_aggregates(start: datetime | None, end: datetime) -> list[GpuSampleMinute]:
+    """One unsaved ``GpuSampleMinute`` per GPU and minute of the raw samples with
+    ``start <= time < end`` (the portable roll-up: SQLite)."""
+    raw = GpuSample.objects.filter(time__lt=end)
+    if start is not None:
+        raw = raw.filter(time__gte=start)
     rows = (
         raw.annotate(m=TruncMinute("time"))
         .values("gpu_id", "m")

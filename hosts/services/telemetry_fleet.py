@@ -1,7 +1,10 @@
-"""Telemetry at fleet scale: the hosts of one shard polled concurrently (agents over one
-bounded ``httpx.AsyncClient``, SSH and TLS agents on the thread path) and recorded in
-batches: one ``bulk_create`` for every GPU sample of the batch, one ``bulk_update`` of the
-GPUs' newest readings and one of the hosts' — never a query per GPU or per host.
+"""Telemetry at fleet scale: the hosts of one shard polled concurrently (plain-HTTP agents
+on the worker process's persistent event loop and per-host keep-alive clients,
+``hosts.services.telemetry_loop``; SSH and TLS agents on the thread path) and recorded in
+batches: one ``COPY`` of every GPU sample of the batch, one ``UPDATE … FROM (VALUES …)`` of
+the GPUs' newest readings and one of the hosts' (``hosts.services.telemetry_sql``; the ORM's
+bulk statements on SQLite) — never a query per GPU or per host. Which GPU a reading names
+comes from a per-process map of the fleet's GPUs, rebuilt when a GPU is saved or deleted.
 
 Why shards: one process cannot poll and store 500 hosts x 8 GPUs every second on its own.
 Beat's ``poll_telemetry`` enqueues ``TELEMETRY_SHARDS`` shard tasks a second, each for the
@@ -20,7 +23,6 @@ that are down) is ``hosts.services.telemetry``'s: its helpers do the same here.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import queue
 import threading
@@ -28,32 +30,31 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import NamedTuple
 
-import httpx
 from django.conf import settings
 from django.core.cache import cache
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from controlpanel.realtime import group_name, publish
+from controlpanel.realtime import group_name
 from hosts.choices import HostStatus, TransportKind
-from hosts.models import Gpu, GpuSample, Host
+from hosts.models import Gpu, Host
+from hosts.models_telemetry import GPU_MAP_VERSION_KEY
 from hosts.services import telemetry as single
+from hosts.services import telemetry_loop, telemetry_sql
 from hosts.services.hosts import offer_host_key, set_status
 from hosts.services.transports import forget_transport, poll_transport
-from hosts.transport.agent import AgentTransport
 from hosts.transport.base import AuthError, HostKeyMismatch, TransportError
 
 log = logging.getLogger(__name__)
 
-HOST_FIELDS = [
-    "host_readings",
-    "telemetry_source",
-    "telemetry_note",
-    "last_seen_at",
-    "last_poll_at",
+# (GpuSample column, how its value is made, the reading's key), in the COPY's column order.
+SAMPLE_COLUMNS = [
+    (name, kind, single.SAMPLE_FIELDS[name]) for name, kind in telemetry_sql.SAMPLE_COLUMNS
 ]
+GPU_MAP_TTL = 60.0  # seconds: a map is rebuilt this often even when no change was signalled
 
 
 @dataclass
@@ -70,7 +71,8 @@ class ShardResult:
 
 def shard_hosts(shard: int, shards: int):
     """The hosts of ``shard`` out of ``shards``: every host in exactly one shard."""
-    hosts = Host.objects.prefetch_related("gpus", "deployments__gpus")
+    # The GPUs come from the process's map (gpu_map), not from a query a second.
+    hosts = Host.objects.prefetch_related("deployments__gpus")
     if shards > 1:
         hosts = hosts.alias(shard=F("id") % shards).filter(shard=shard)
     return hosts
@@ -183,7 +185,7 @@ def _fetch_all(hosts: list[Host], answers: queue.Queue) -> None:
         for host in threaded:
             pool.submit(_read_in_thread, host, answers)
     if plain:
-        asyncio.run(_fetch_agents(plain, answers))
+        telemetry_loop.fetch_agents(plain, answers)
     if pool is not None:
         pool.shutdown(wait=True)
     connection.close()  # this thread's own, if building a transport opened one
@@ -198,69 +200,102 @@ def _read_in_thread(host: Host, answers: queue.Queue) -> None:
         connection.close()
 
 
-async def _fetch_agents(pairs: list[tuple[Host, AgentTransport]], answers: queue.Queue) -> None:
-    limits = httpx.Limits(max_connections=settings.TELEMETRY_POLL_CONNECTIONS)
-    timeout = settings.TRANSPORT_TIMEOUT
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
-
-        async def one(host: Host, transport: AgentTransport) -> None:
-            answers.put((host, await _agent_telemetry(client, transport, timeout)))
-
-        await asyncio.gather(*(one(h, t) for h, t in pairs))
-
-
-async def _agent_telemetry(client: httpx.AsyncClient, transport: AgentTransport, timeout):
-    """``GET /v1/telemetry`` with the transport's address and token; the same errors as
-    ``AgentTransport`` (401 → AuthError, anything else unusable → TransportError)."""
-    where = transport.where
-    base = transport._client.base_url  # noqa: SLF001 - the transport's own address and token
-    try:
-        response = await client.get(
-            f"{base}/v1/telemetry",
-            headers=dict(transport._client.headers),  # noqa: SLF001
-        )
-    except httpx.TimeoutException:
-        return TransportError(f"the agent at {where} did not answer within {timeout:g} s")
-    except httpx.HTTPError as exc:
-        return TransportError(f"cannot reach the agent at {where}: {exc}")
-    if response.status_code == 401:
-        return AuthError(f"the agent at {where} refused the token")
-    try:
-        payload = response.json()
-    except ValueError:
-        payload = None
-    if response.status_code >= 400 or not isinstance(payload, dict):
-        return TransportError(
-            f"the agent at {where} answered {response.status_code}: {response.text[:200]!r}"
-        )
-    return payload
-
-
 # --- recording ---------------------------------------------------------------------------------
+class GpuRef(NamedTuple):
+    """What recording needs of a GPU row (``_live_point`` reads these three)."""
+
+    pk: int
+    index: int
+    memory_bytes: int
+
+
+@dataclass
+class _GpuMap:
+    version: object
+    loaded: float
+    by_host: dict[int, tuple[dict[str, GpuRef], dict[int, GpuRef]]]
+
+
+_map_lock = threading.Lock()
+_map: _GpuMap | None = None
+
+
+def gpu_map() -> dict[int, tuple[dict[str, GpuRef], dict[int, GpuRef]]]:
+    """Every host's GPUs by UUID and by index, from this process's map: rebuilt (one query
+    for the fleet) when ``GPU_MAP_VERSION_KEY`` changed — a GPU saved or deleted anywhere —
+    or after ``GPU_MAP_TTL`` seconds (a change made without signals, e.g. a bulk insert)."""
+    global _map
+    version = cache.get(GPU_MAP_VERSION_KEY)  # read before the rows: a change after it shows
+    current = _map
+    if (
+        current is not None
+        and current.version == version
+        and time.monotonic() - current.loaded < GPU_MAP_TTL
+    ):
+        return current.by_host
+    by_host: dict[int, tuple[dict[str, GpuRef], dict[int, GpuRef]]] = {}
+    rows = Gpu.objects.order_by().values_list("pk", "host_id", "uuid", "index", "memory_bytes")
+    for pk, host_id, uuid, index, memory in rows:
+        by_uuid, by_index = by_host.setdefault(host_id, ({}, {}))
+        by_uuid[uuid] = by_index[index] = GpuRef(pk, index, memory)
+    with _map_lock:
+        _map = _GpuMap(version, time.monotonic(), by_host)
+    return by_host
+
+
+def forget_gpu_map() -> None:
+    """Drop this process's map: the next batch rebuilds it."""
+    global _map
+    with _map_lock:
+        _map = None
+
+
 def record_batch(readings: list[tuple[Host, dict]], *, lags: list[float] | None = None) -> int:
     """Store many hosts' readings in one transaction with one insert for all GPU samples;
-    then tell each host's live page (one message per host). Returns the samples stored."""
-    samples: list[GpuSample] = []
-    gpus: list[Gpu] = []
+    then tell each host's live page (one message per host). Returns the samples stored.
+
+    A GPU deleted since the map was built fails the insert (its foreign key): the batch is
+    then written once more with a freshly built map."""
+    try:
+        return _record(readings, lags)
+    except IntegrityError:
+        log.warning("telemetry batch refused (a GPU changed): retrying with a fresh GPU map")
+        forget_gpu_map()
+        return _record(readings, lags)
+
+
+def _record(readings: list[tuple[Host, dict]], lags: list[float] | None) -> int:
+    samples: list[tuple] = []
+    newest: list[tuple[int, dict, datetime]] = []
     hosts: list[Host] = []
     engine_work, live = [], []
+    maps = gpu_map()
     for host, reading in readings:
         when = _reading_time(reading)
-        known, by_index = single._known_gpus(host, reading)  # noqa: SLF001
+        items = reading.get("gpus") or []
+        known, by_index = maps.get(host.pk) or ({}, {})
+        if any(i.get("uuid") not in known and i.get("index") not in by_index for i in items):
+            # A GPU the map does not know (a new host or card): the single path's lookup,
+            # which learns the inventory if the database does not know it either.
+            known, by_index = single._known_gpus(host, reading)  # noqa: SLF001
+            forget_gpu_map()
         points, holders = [], {}
-        for item in reading.get("gpus") or []:
+        for item in items:
             gpu = known.get(item.get("uuid")) or by_index.get(item.get("index"))
             if gpu is None:
                 continue
             holders[gpu.pk] = {p.get("pid") for p in item.get("processes") or []}
             samples.append(
-                GpuSample(
-                    gpu=gpu, time=when, **{f: item.get(k) for f, k in single.SAMPLE_FIELDS.items()}
+                (
+                    gpu.pk,
+                    when,
+                    *(
+                        telemetry_sql.sample_value(kind, item.get(k))
+                        for _f, kind, k in SAMPLE_COLUMNS
+                    ),
                 )
             )
-            gpu.last_sample = {k: item.get(k) for k in single.LAST_SAMPLE_KEYS}
-            gpu.last_sample_at = when
-            gpus.append(gpu)
+            newest.append((gpu.pk, {k: item.get(k) for k in single.LAST_SAMPLE_KEYS}, when))
             points.append(single._live_point(gpu, item))  # noqa: SLF001
         host.host_readings = reading.get("host") or {}
         host.telemetry_source = (reading.get("source") or "")[:20]
@@ -272,23 +307,26 @@ def record_batch(readings: list[tuple[Host, dict]], *, lags: list[float] | None 
             engine_work.append((host, reading.get("engines") or {}, when, holders))
         live.append((host, when, points))
     with transaction.atomic():
-        GpuSample.objects.bulk_create(samples)
-        if gpus:
-            Gpu.objects.bulk_update(gpus, ["last_sample", "last_sample_at"])
-        Host.objects.bulk_update(hosts, HOST_FIELDS)
+        telemetry_sql.insert_samples(samples)
+        telemetry_sql.update_gpus(newest)
+        telemetry_sql.update_hosts(hosts)
         for host, engines, when, holders in engine_work:
             single._engine_states(host, engines, when, holders)  # noqa: SLF001
     committed = time.time()
+    messages = []
     for host, when, points in live:
         if lags is not None:
             lags.append(committed - when.timestamp())
         if host.status != HostStatus.ONLINE:
             set_status(host, HostStatus.ONLINE)
-        publish(
-            group_name("host", host.pk),
-            "telemetry",
-            {"t": int(when.timestamp() * 1000), "gpus": points, "host": host.host_readings},
+        messages.append(
+            (
+                group_name("host", host.pk),
+                "telemetry",
+                {"t": int(when.timestamp() * 1000), "gpus": points, "host": host.host_readings},
+            )
         )
+    telemetry_loop.publish_many(messages)
     return len(samples)
 
 

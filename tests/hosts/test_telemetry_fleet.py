@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 from hosts.agent.fleet import Fleet
 from hosts.models import Gpu, GpuSample, Host
-from hosts.services import telemetry_fleet
+from hosts.services import telemetry_fleet, telemetry_loop
 from hosts.services.transports import forget_transport
 from tests.factories import make_gpu, make_host
 from tests.hosts.test_telemetry_store import reading
@@ -43,7 +43,8 @@ def readings_for(hosts, util=(50, 0)):
 
 
 def inserts(captured):
-    return [q["sql"] for q in captured.captured_queries if q["sql"].startswith("INSERT")]
+    # INSERT on SQLite, COPY on PostgreSQL (hosts.services.telemetry_sql).
+    return [q["sql"] for q in captured.captured_queries if q["sql"].startswith(("INSERT", "COPY"))]
 
 
 def test_a_batch_is_one_insert_and_the_same_queries_for_n_or_3n_hosts():
@@ -132,6 +133,7 @@ def fleet_agents():
     hosts = [make_host(port=port, agent_token="fleet-token") for port in ports]
     yield hosts, hold, state
     hold.set()
+    telemetry_loop.close_clients()  # kept-alive connections to servers about to stop
     for host in hosts:
         forget_transport(host.pk)
     loop.call_soon_threadsafe(loop.stop)
@@ -161,6 +163,7 @@ def test_a_slow_host_does_not_hold_back_the_others(fleet_agents, settings, monke
     settings.TRANSPORT_TIMEOUT = 60  # the slow host is slow, not down
     telemetry_fleet.poll_hosts(due(hosts))  # learn the inventories first
     state["slow"] = 1
+    telemetry_loop.close_clients()  # the fixture delays a new connection, not a kept-alive one
     batches = []
     real = telemetry_fleet.record_batch
 
