@@ -17,7 +17,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from django.db import close_old_connections, connection, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from benchmarks.loadgen.distributed import BEHIND_MS, ShardRun, measure_offset, shard_report
@@ -86,6 +86,7 @@ class ShardLink:
                     self._watch()
                 except Exception:  # noqa: BLE001 - a lost tick must not stop the shard
                     log.exception("shard %s: could not talk to the database", self.shard_pk)
+                    connection.close()  # the next query opens a fresh one
         finally:
             connection.close()
 
@@ -101,7 +102,8 @@ class ShardLink:
             )
 
     def _watch(self) -> None:
-        close_old_connections()
+        # One connection for the thread's life (closed at its end, or after an error): with
+        # CONN_MAX_AGE 0, close_old_connections would reconnect four times a second.
         rows = RunShard.objects.filter(pk=self.shard_pk)
         if time.monotonic() - self._last_beat >= 1.0:
             self._last_beat = time.monotonic()

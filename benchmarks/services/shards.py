@@ -21,7 +21,7 @@ import zlib
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
@@ -213,7 +213,6 @@ class Coordinator:
     # --- reading the shards ----------------------------------------------------------------
     def _shards(self) -> list[RunShard]:
         """The shards' rows, after failing the run on a failed, untaken or silent one."""
-        close_old_connections()
         shards = list(RunShard.objects.filter(run=self.run).order_by("number"))
         now = time.monotonic()
         for shard in shards:

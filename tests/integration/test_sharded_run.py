@@ -2,7 +2,8 @@
 run's task as coordinator, two workers of compose's loadgen service (the loadgen queue only)
 each run one shard against the fixed-latency test server, and the run stores what one process
 would: its results over the union of both shards' requests, its live points streamed over the
-Redis channel layer, and each shard's health naming the worker that ran it."""
+Redis channel layer, and each shard's health naming the worker that ran it; a cancel stops
+both shards."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from asgiref.sync import sync_to_async
 from celery import Celery
 from channels.layers import get_channel_layer
+from django.db import connection
 from django.utils import timezone
 
 from benchmarks import records as request_records
@@ -42,7 +45,7 @@ def loadgen_command(number: int) -> list[str]:
     return [f"--hostname=loadgen{number}@%h" if c.startswith("--hostname=") else c for c in cmd]
 
 
-def test_two_loadgen_workers_run_a_two_shard_benchmark(
+def test_two_loadgen_workers_run_a_two_shard_benchmark_and_a_cancel_stops_both(
     production_env,  # noqa: F811
     start,  # noqa: F811
     fixed_server,  # noqa: F811
@@ -110,9 +113,23 @@ def test_two_loadgen_workers_run_a_two_shard_benchmark(
     assert points[-1]["data"]["gpus"][0]["utilization_pct"] == 50
     assert not RunShardChunk.objects.filter(shard__run=run).exists()
 
+    # A cancel reaches both shards: each stops, keeps what it measured, and the run says so.
+    long = dict(PROFILE, stages=[{"name": "main", "request_rate": 40, "num_requests": 4000}])
+    run = services.start_benchmark(
+        None, deployment, make_profile(spec=long), shards=2, enqueue=False
+    )
+    events = asyncio.run(stream(broker, run, workers, cancel_after=40))
+    run.refresh_from_db()
+    assert run.status == "cancelled", (run.error, run.log)
+    shards = list(RunShard.objects.filter(run=run))
+    assert [s.status for s in shards] == ["done", "done"]
+    assert 40 <= run.completed < 4000 and all(0 < s.sent < 2000 for s in shards)
+    assert not RunShardChunk.objects.filter(shard__run=run).exists()
 
-async def stream(broker, run, workers) -> list[dict]:
-    """Listen on the run's group (as its page would) while the workers run it."""
+
+async def stream(broker, run, workers, cancel_after: int | None = None) -> list[dict]:
+    """Listen on the run's group (as its page would) while the workers run it; cancel it
+    once a point counts ``cancel_after`` completed requests."""
     layer = get_channel_layer()
     channel = await layer.new_channel()
     await layer.group_add(f"run-{run.pk}", channel)
@@ -126,8 +143,24 @@ async def stream(broker, run, workers) -> list[dict]:
         except TimeoutError:
             continue
         events.append(message)
+        if (
+            cancel_after is not None
+            and message["type"] == "run.point"
+            and message["data"]["completed"] >= cancel_after
+        ):
+            await sync_to_async(cancel)(run)
+            cancel_after = None
         if message["type"] == "run.status" and message["data"]["finished"]:
             return events
     raise AssertionError(
         "the run never finished:\n" + "\n".join(w.output()[-3000:] for w in workers)
     )
+
+
+def cancel(run) -> None:
+    """Cancel on a helper thread, closing its connection (the test database is dropped at
+    the end, which an open session would prevent)."""
+    try:
+        services.cancel_benchmark(None, run)
+    finally:
+        connection.close()
