@@ -3,15 +3,18 @@ one insert, shards that partition the fleet, hosts polled concurrently over HTTP
 fleet simulator (hosts.agent.fleet), a slow host that does not hold back the others."""
 
 import asyncio
+import os
 import threading
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from hosts.agent.fleet import Fleet
 from hosts.models import Gpu, GpuSample, Host
-from hosts.services import telemetry_fleet, telemetry_loop
+from hosts.services import telemetry as single
+from hosts.services import telemetry_fleet, telemetry_loop, telemetry_sql
 from hosts.services.transports import forget_transport
 from tests.factories import make_gpu, make_host
 from tests.hosts.test_telemetry_store import reading
@@ -30,12 +33,12 @@ def two_gpu_hosts(n):
     return hosts
 
 
-def readings_for(hosts, util=(50, 0)):
+def readings_for(hosts, util=(50, 0), t=None):
     out = []
     for host in Host.objects.filter(pk__in=[h.pk for h in hosts]).prefetch_related(
         "gpus", "deployments__gpus"
     ):
-        r = reading(util=util)
+        r = reading(util=util, t=t)
         for item in r["gpus"]:
             item["uuid"] = f"GPU-aaaa-{item['index']}-{host.pk}"
         out.append((host, r))
@@ -134,6 +137,13 @@ def fleet_agents():
     yield hosts, hold, state
     hold.set()
     telemetry_loop.close_clients()  # kept-alive connections to servers about to stop
+
+    async def drain():  # the servers' handlers end once their connections are closed
+        tasks = asyncio.all_tasks() - {asyncio.current_task()}
+        if tasks:
+            await asyncio.wait(tasks, timeout=10)
+
+    asyncio.run_coroutine_threadsafe(drain(), loop).result(15)
     for host in hosts:
         forget_transport(host.pk)
     loop.call_soon_threadsafe(loop.stop)
@@ -177,3 +187,142 @@ def test_a_slow_host_does_not_hold_back_the_others(fleet_agents, settings, monke
     assert batches[0] == {hosts[0].pk, hosts[2].pk}
     assert batches[1:] == [{hosts[1].pk}]
     assert result.samples == 24 and result.failed == 0
+
+
+# --- PostgreSQL's COPY and UPDATE … FROM (VALUES …) ----------------------------------------------
+FIELDS = [name for name, _kind in telemetry_sql.SAMPLE_COLUMNS]
+
+
+def odd_readings(hosts, t):
+    """Readings with values the columns must convert: floats for integer columns, numbers as
+    strings, a missing value and one that is no number."""
+    batch = readings_for(hosts, util=(73.5, 4), t=t)
+    for _host, r in batch:
+        gpu = r["gpus"][0]
+        gpu.update(sm_clock_mhz=1980.0, mem_clock_mhz="2619", power_w="401.5")
+        gpu.update(temperature_c=None, pcie_tx_kbps="N/A", clocks_event_reasons=4)
+    return batch
+
+
+def stored(hosts):
+    """What a batch stored for ``hosts``, without the rows' and hosts' own ids."""
+    pks = [h.pk for h in hosts]
+    samples = sorted(
+        (s.gpu.index, s.time, *(getattr(s, f) for f in FIELDS))
+        for s in GpuSample.objects.filter(gpu__host__in=pks).select_related("gpu")
+    )
+    gpus = sorted(
+        (g.index, g.last_sample_at, sorted(g.last_sample.items()))
+        for g in Gpu.objects.filter(host__in=pks)
+    )
+    host_rows = sorted(
+        (h.host_readings["cpu_percent"], h.telemetry_source, h.telemetry_note, h.last_seen_at)
+        for h in Host.objects.filter(pk__in=pks)
+    )
+    return samples, gpus, host_rows
+
+
+def test_the_sample_columns_are_the_single_paths_fields():
+    assert set(FIELDS) == set(single.SAMPLE_FIELDS)
+
+
+def test_on_postgresql_a_batch_is_one_copy_and_one_update_from_values_each(postgres, monkeypatch):
+    t = timezone.now()
+    hosts = two_gpu_hosts(3)
+    with CaptureQueriesContext(connection) as captured:
+        assert telemetry_fleet.record_batch(odd_readings(hosts, t)) == 6
+    sql = [q["sql"] for q in captured.captured_queries]
+    assert len([s for s in sql if s.startswith("COPY hosts_gpusample")]) == 1
+    assert not [s for s in sql if s.startswith("INSERT")]
+    updates = [s for s in sql if s.startswith("UPDATE")]
+    assert len(updates) == 2 and all("FROM (VALUES" in s for s in updates), updates
+    by_sql = stored(hosts)
+    assert len(by_sql[0]) == 6
+    # The same readings through the ORM fallback (SQLite's path) on other hosts: the same rows.
+    others = two_gpu_hosts(3)
+    monkeypatch.setattr(telemetry_sql, "postgres", lambda: False)
+    with CaptureQueriesContext(connection) as captured:
+        telemetry_fleet.record_batch(odd_readings(others, t))
+    assert any(q["sql"].startswith("INSERT") for q in captured.captured_queries)
+    assert stored(others) == by_sql
+    busy = GpuSample.objects.get(gpu__host=hosts[0], gpu__index=0)
+    assert busy.sm_clock_mhz == 1980 and busy.mem_clock_mhz == 2619 and busy.power_w == 401.5
+    assert busy.temperature_c is None and busy.pcie_tx_kbps is None
+    assert busy.clocks_event_reasons == 4
+
+
+# --- the per-process GPU map ---------------------------------------------------------------------
+def test_the_gpu_map_picks_up_a_new_host_and_a_new_gpu():
+    hosts = two_gpu_hosts(2)
+    telemetry_fleet.record_batch(readings_for(hosts))
+    assert {hosts[0].pk, hosts[1].pk} <= telemetry_fleet.gpu_map().keys()
+    new = two_gpu_hosts(1)[0]  # saved GPUs: the version in the cache changes
+    assert new.pk in telemetry_fleet.gpu_map()
+    assert telemetry_fleet.record_batch(readings_for([*hosts, new])) == 6
+    assert GpuSample.objects.filter(gpu__host=new).count() == 2
+    # A GPU added without signals (a bulk insert) is found when a reading names it.
+    Gpu.objects.bulk_create([Gpu(host=new, index=2, uuid=f"GPU-aaaa-2-{new.pk}", memory_bytes=1)])
+    ((host, r),) = readings_for([new])
+    r["gpus"].append({**r["gpus"][1], "index": 2, "uuid": f"GPU-aaaa-2-{new.pk}"})
+    assert telemetry_fleet.record_batch([(host, r)]) == 3
+    assert GpuSample.objects.filter(gpu__host=new, gpu__index=2).count() == 1
+    assert f"GPU-aaaa-2-{new.pk}" in telemetry_fleet.gpu_map()[new.pk][0]
+
+
+def test_the_gpu_map_is_rebuilt_when_a_gpu_changes_elsewhere():
+    host = two_gpu_hosts(1)[0]
+    before = telemetry_fleet.gpu_map()
+    assert telemetry_fleet.gpu_map() is before  # nothing changed: the same map, no query
+    gpu = Gpu.objects.get(host=host, index=1)
+    gpu.uuid = "GPU-swapped"
+    gpu.save()
+    after = telemetry_fleet.gpu_map()
+    assert "GPU-swapped" in after[host.pk][0] and f"GPU-aaaa-1-{host.pk}" not in after[host.pk][0]
+    gpu.delete()
+    assert 1 not in telemetry_fleet.gpu_map()[host.pk][1]
+
+
+# --- the per-process event loop ------------------------------------------------------------------
+def test_polls_reuse_the_process_loop_and_each_hosts_client(fleet_agents):
+    hosts, _hold, _state = fleet_agents
+    telemetry_fleet.poll_hosts(due(hosts))
+    state = telemetry_loop.running_loop()
+    clients = {pk: entry[1] for pk, entry in state.clients.items()}
+    assert {h.pk for h in hosts} <= clients.keys()
+    result = telemetry_fleet.poll_hosts(due(hosts))
+    assert result.samples == 24 and telemetry_loop.running_loop() is state
+    assert all(state.clients[h.pk][1] is clients[h.pk] for h in hosts)
+
+
+def test_the_loop_serves_several_threads_at_once():
+    results = []
+
+    def ask(n):
+        results.append(telemetry_loop.run(asyncio.sleep(0.05, result=n), timeout=10))
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(15)
+    assert sorted(results) == list(range(6))
+
+
+def _in_forked_child(conn):
+    # The parent's loop thread does not exist here: a new loop must be started and work.
+    fresh = telemetry_loop._state is None
+    answer = telemetry_loop.run(asyncio.sleep(0, result=42), timeout=10)
+    conn.send((fresh, answer, telemetry_loop.running_loop().pid == os.getpid()))
+
+
+def test_a_forked_worker_process_gets_its_own_loop():
+    import multiprocessing
+
+    telemetry_loop.run(asyncio.sleep(0))  # the parent's loop is running
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    process = ctx.Process(target=_in_forked_child, args=(child,))
+    process.start()
+    assert parent.poll(20)
+    assert parent.recv() == (True, 42, True)
+    process.join(10)
