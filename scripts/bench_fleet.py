@@ -12,8 +12,10 @@ worker(s) and beat on PostgreSQL + Redis, against the fleet simulator (hosts.age
    reading time the agent stamped): an upper bound, 0.2 s resolution plus one query;
 5. prints poll lag p50/p99/max, samples/s against the 1 Hz target, CPU of the worker(s),
    beat, simulator and PostgreSQL over the window, the tables' growth (pg_total_relation_size)
-   per hour and per day, the minute roll-up's duration over the collected samples, and the
-   hosts list / dashboard times and query counts with the fleet in place.
+   per hour and per day, the minute roll-up's duration for one synthetic minute of every
+   GPU (240k rows for 4,000 GPUs), bytes per row of raw samples and minute aggregates and the
+   growth per day and the size held at each retention, the downsample over the collected
+   samples, and the hosts list / dashboard times and query counts with the fleet in place.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/x REDIS_URL=redis://127.0.0.1:6379/12 \\
       flock /tmp/h/bench.lock .venv/bin/python scripts/bench_fleet.py --seconds 120
@@ -98,6 +100,7 @@ def main() -> None:
     parser.add_argument("--base-port", type=int, default=20000)
     parser.add_argument("--db", default="controlpanel_fleet_bench")
     parser.add_argument("--redis-db", type=int, default=12)
+    parser.add_argument("--no-pages", action="store_true", help="skip the page timings")
     args = parser.parse_args()
 
     print(f"nproc {os.cpu_count()}, CPU {cpu_model()}, load at start {os.getloadavg()}")
@@ -254,36 +257,14 @@ def main() -> None:
                 f"{table}: {size1[i] / 2**20:.1f} MiB now, +{per_s * 3600 / 2**20:.0f} MiB/h,"
                 f" {per_s * 86400 / 2**30:.2f} GiB/day at this rate"
             )
-        with connection.cursor() as cur:
-            cur.execute("SELECT count(*) FROM hosts_gpusample")
-            raw_rows = cur.fetchone()[0]
-        if raw_rows:
-            row_bytes = size1[0] / raw_rows
-            print(
-                f"raw bytes/row {row_bytes:.0f}: with {60} min retention the raw table holds "
-                f"{len(gpus) * 3600 * row_bytes / 2**30:.2f} GiB in steady state"
-            )
-
-        from datetime import timedelta
-
-        from django.utils import timezone
-
-        from hosts.models import GpuSampleMinute
-        from hosts.services.telemetry import downsample_telemetry
-
-        t0 = time.perf_counter()
-        folded = downsample_telemetry(timezone.now() + timedelta(minutes=1))
-        took = time.perf_counter() - t0
-        minutes = GpuSampleMinute.objects.count()
-        with connection.cursor() as cur:
-            cur.execute("SELECT pg_total_relation_size('hosts_gpusampleminute')")
-            minute_bytes = cur.fetchone()[0]
-        print(
-            f"minute roll-up: {took:.2f} s for {raw_rows} raw rows -> {folded['aggregated']} "
-            f"minute rows; {minute_bytes / max(minutes, 1):.0f} bytes/minute row -> "
-            f"{len(gpus) * 1440 * minute_bytes / max(minutes, 1) / 2**30:.2f} GiB/day of minutes"
-        )
-        pages()
+        if not args.no_pages:
+            pages()
+        # Polling stops here: the roll-up and retention are timed alone, and beat's own
+        # downsample cannot fold the synthetic minute meanwhile.
+        for proc in (beat, worker):
+            proc.terminate()
+            proc.wait(30)
+        rollup_and_storage(len(gpus))
     finally:
         for proc in (beat, worker):
             proc.terminate()
@@ -293,6 +274,91 @@ def main() -> None:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def rollup_and_storage(gpu_count: int) -> None:
+    """The roll-up and retention costs for one full minute of the fleet (60 synthetic
+    samples of every GPU, 240k rows for 4,000 GPUs, in a minute 20 minutes back: inside the
+    raw retention, before anything beat folds), the database growth per day from the tables'
+    measured bytes per row, then one downsample over the samples the run collected."""
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from hosts.models import GpuSample, GpuSampleMinute
+    from hosts.services import telemetry_sql
+    from hosts.services.telemetry import downsample_telemetry
+
+    minute = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=20)
+    end = minute + timedelta(minutes=1)
+    columns = ", ".join(name for name, _kind in telemetry_sql.SAMPLE_COLUMNS)
+    with connection.cursor() as cur:
+        t0 = time.perf_counter()
+        cur.execute(
+            f"INSERT INTO hosts_gpusample (gpu_id, time, {columns})"  # noqa: S608 - constants
+            " SELECT g.id, %s + s * interval '1 second', random() * 100, 64424509440, 300 +"
+            " random() * 400, 700, 40 + random() * 40, 1980 - (random() * 500)::int, 2619,"
+            " (ARRAY[0, 1, 4, 36])[1 + (random() * 3)::int], random() * 1e6, random() * 1e6"
+            " FROM hosts_gpu g CROSS JOIN generate_series(0, 59) s",
+            [minute],
+        )
+        synthetic = cur.rowcount
+        print(f"\nsynthetic minute: {synthetic} rows inserted in {time.perf_counter() - t0:.2f} s")
+    t0 = time.perf_counter()
+    with transaction.atomic():
+        written = telemetry_sql.roll_up(minute, end)
+    took = time.perf_counter() - t0
+    print(
+        f"minute roll-up (one INSERT … SELECT … GROUP BY): {took:.2f} s for one minute of "
+        f"{gpu_count} GPUs ({synthetic} rows -> {written} minute rows)"
+    )
+    t0 = time.perf_counter()
+    again = telemetry_sql.roll_up(minute, end)
+    print(f"  the same minute again (idempotent, ON CONFLICT): {time.perf_counter() - t0:.2f} s")
+    assert again == written
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE hosts_gpusample")
+        cur.execute("ANALYZE hosts_gpusampleminute")
+        cur.execute(
+            "SELECT pg_total_relation_size('hosts_gpusample'), (SELECT count(*) FROM"
+            " hosts_gpusample), pg_total_relation_size('hosts_gpusampleminute'), (SELECT"
+            " count(*) FROM hosts_gpusampleminute)"
+        )
+        raw_size, raw_rows, minute_size, minute_rows = cur.fetchone()
+    raw_row, minute_row = raw_size / max(raw_rows, 1), minute_size / max(minute_rows, 1)
+    retention_min = settings.TELEMETRY_RAW_RETENTION_MINUTES
+    retention_days = settings.TELEMETRY_MINUTE_RETENTION_DAYS
+    raw_per_day = gpu_count * 86400  # 1 Hz
+    minutes_per_day = gpu_count * 1440
+    gib = 2**30
+    print(
+        f"raw samples: {raw_row:.0f} bytes/row (pg_total_relation_size / {raw_rows} rows); "
+        f"{raw_per_day:,} rows/day = {raw_per_day * raw_row / gib:.1f} GiB/day written, held at "
+        f"{gpu_count * retention_min * 60 * raw_row / gib:.2f} GiB by the {retention_min}-min "
+        f"retention"
+    )
+    print(
+        f"minute aggregates: {minute_row:.0f} bytes/row ({minute_rows} rows); "
+        f"{minutes_per_day:,} rows/day = {minutes_per_day * minute_row / gib:.2f} GiB/day, held at "
+        f"{minutes_per_day * retention_days * minute_row / gib:.1f} GiB by the "
+        f"{retention_days}-day retention"
+    )
+    t0 = time.perf_counter()
+    deleted = telemetry_sql.delete_before(GpuSample, "time", end)  # the synthetic minute only
+    print(
+        f"retention delete: {deleted} rows in {time.perf_counter() - t0:.2f} s "
+        f"(chunks of {settings.TELEMETRY_DELETE_CHUNK})"
+    )
+    GpuSampleMinute.objects.filter(minute=minute).delete()
+
+    t0 = time.perf_counter()
+    folded = downsample_telemetry(timezone.now() + timedelta(minutes=1))
+    print(
+        f"downsample of the run's own samples: {time.perf_counter() - t0:.2f} s -> "
+        f"{folded['aggregated']} minute rows, {folded['raw_deleted']} raw rows past retention"
+    )
 
 
 def pages() -> None:

@@ -182,6 +182,9 @@ ON CONFLICT (gpu_id, minute) DO UPDATE SET {updates}
 """
 
 
+ROLLUP_LOCK = 0x7E1E_0001  # the roll-up's advisory lock key (any constant of its own)
+
+
 def roll_up(start: datetime | None, end: datetime) -> int:
     """Aggregate the raw samples with ``start <= time < end`` (``start`` None: all before
     ``end``) into one ``GpuSampleMinute`` per GPU and minute, replacing a minute already
@@ -200,7 +203,10 @@ def roll_up(start: datetime | None, end: datetime) -> int:
         updates=", ".join(f"{f} = EXCLUDED.{f}" for f in MINUTE_FIELDS),
         since="" if start is None else " AND time >= %s",
     )
-    with connection.cursor() as cursor:
+    with transaction.atomic(), connection.cursor() as cursor:
+        # One roll-up at a time (a late one overlapping the next minute's): two upserts of
+        # the same minutes take their row locks in no set order and can deadlock.
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ROLLUP_LOCK])
         cursor.execute(sql, [end] if start is None else [end, start])
         return cursor.rowcount
 
