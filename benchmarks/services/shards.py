@@ -44,6 +44,9 @@ PICKUP_TIMEOUT_S = 60.0
 # A shard that has checked in stamps its row about once a second; this long without a new
 # stamp, its worker is gone.
 SILENCE_S = 30.0
+# A shard taken but not ready this long after its pickup timeout plus the engine's readiness
+# timeout is stuck (its warm-up, say): the run fails rather than hold the engine.
+CHECK_IN_MARGIN_S = 120.0
 # Between the last shard's check-in and the shared start: enough for every shard to read it.
 START_LEAD_S = 2.0
 # After the run's time limit (the shards are told to stop), how long their results may take.
@@ -176,11 +179,18 @@ class Coordinator:
     def _wait_for_check_in(self) -> bool:
         """True once every shard is ready; False when the run was cancelled meanwhile."""
         while True:
+            limit = PICKUP_TIMEOUT_S + settings.BENCHMARK_READY_TIMEOUT + CHECK_IN_MARGIN_S
             shards = self._shards()
             if all(s.status in CHECKED_IN for s in shards):
                 return True
             if self._cancelled():
                 return False
+            if time.monotonic() - self.queued_at > limit:
+                late = [s.number for s in shards if s.status not in CHECKED_IN]
+                raise ShardFailed(
+                    f"shard(s) {late} were not ready within {limit:.0f} s (engine readiness "
+                    "and warm-up)"
+                )
             time.sleep(POLL_S)
 
     def _follow(self, sink: PointSink, deadline: float) -> None:

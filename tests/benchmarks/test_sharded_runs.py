@@ -68,8 +68,15 @@ def coordinated(settings, monkeypatch):
         run = runs.start_benchmark(
             None, make_deployment(), make_profile(spec=profile), shards=shard_count
         )
-        steps = script(run)
-        monkeypatch.setattr(shards.time, "sleep", lambda s: next(steps))
+        steps, polls = script(run), []
+
+        def poll(seconds):
+            polls.append(seconds)
+            # A coordinator that misses what the script did would wait out real deadlines.
+            assert len(polls) < 200, "the coordinator never came to an end"
+            next(steps)
+
+        monkeypatch.setattr(shards.time, "sleep", poll)
         runs.execute_run(BenchmarkRun.objects.get(pk=run.pk))
         run.refresh_from_db()
         return run
@@ -381,3 +388,18 @@ def test_a_redelivered_or_late_shard_fails_instead_of_sending(settings):
     shard_worker.execute_shard(late, "w")
     late.refresh_from_db()
     assert late.status == "failed" and "the run had ended" in late.error
+
+
+def test_shards_that_never_get_ready_fail_the_run(coordinated, monkeypatch):
+    def script(run):
+        RunShard.objects.filter(run=run).update(
+            status="starting", hostname="w@h", heartbeat_at=timezone.now()
+        )
+        monkeypatch.setattr(shards, "CHECK_IN_MARGIN_S", -1e6)  # its time is up
+        while True:
+            RunShard.objects.filter(run=run).update(heartbeat_at=timezone.now())
+            yield
+
+    run = coordinated(script)
+    assert run.status == OperationStatus.FAILED
+    assert "shard(s) [0, 1] were not ready within" in run.error
