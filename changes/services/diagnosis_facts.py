@@ -262,7 +262,7 @@ def gpu_and_host_facts(
 # --- the engine's /metrics -----------------------------------------------------------------
 def metrics_url(deployment: Deployment) -> str:
     """Where a benchmark run scrapes the engine: its OpenAI base URL plus the engine's
-    /metrics path (``benchmarks.services.runs._spec`` aims the load generator at
+    /metrics path (``benchmarks.services.runs.run_spec`` aims the load generator at
     ``deployment.engine_url``, whose scraper appends /metrics)."""
     return deployment.engine_url + endpoints(deployment.engine).metrics
 
