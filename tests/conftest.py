@@ -100,9 +100,13 @@ def redis_url() -> str:
 
 
 @pytest.fixture
-def postgres(db):
+def postgres(request, db):
     from django.db import connection
 
+    # The unit pass runs on SQLite, where this would always skip (and fail under CI): a test
+    # that needs PostgreSQL belongs in an integration module, which only the second pass runs.
+    if request.node.get_closest_marker("integration") is None:
+        pytest.fail("a test that needs PostgreSQL must be in a module marked integration")
     need(connection.vendor == "postgresql", "PostgreSQL (make test sets DATABASE_URL)")
     return connection
 

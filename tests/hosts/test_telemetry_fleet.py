@@ -9,7 +9,6 @@ import threading
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
 
 from hosts.agent.fleet import Fleet
 from hosts.models import Gpu, GpuSample, Host
@@ -224,31 +223,6 @@ def stored(hosts):
 
 def test_the_sample_columns_are_the_single_paths_fields():
     assert set(FIELDS) == set(single.SAMPLE_FIELDS)
-
-
-def test_on_postgresql_a_batch_is_one_copy_and_one_update_from_values_each(postgres, monkeypatch):
-    t = timezone.now()
-    hosts = two_gpu_hosts(3)
-    with CaptureQueriesContext(connection) as captured:
-        assert telemetry_fleet.record_batch(odd_readings(hosts, t)) == 6
-    sql = [q["sql"] for q in captured.captured_queries]
-    assert len([s for s in sql if s.startswith("COPY hosts_gpusample")]) == 1
-    assert not [s for s in sql if s.startswith("INSERT")]
-    updates = [s for s in sql if s.startswith("UPDATE")]
-    assert len(updates) == 2 and all("FROM (VALUES" in s for s in updates), updates
-    by_sql = stored(hosts)
-    assert len(by_sql[0]) == 6
-    # The same readings through the ORM fallback (SQLite's path) on other hosts: the same rows.
-    others = two_gpu_hosts(3)
-    monkeypatch.setattr(telemetry_sql, "postgres", lambda: False)
-    with CaptureQueriesContext(connection) as captured:
-        telemetry_fleet.record_batch(odd_readings(others, t))
-    assert any(q["sql"].startswith("INSERT") for q in captured.captured_queries)
-    assert stored(others) == by_sql
-    busy = GpuSample.objects.get(gpu__host=hosts[0], gpu__index=0)
-    assert busy.sm_clock_mhz == 1980 and busy.mem_clock_mhz == 2619 and busy.power_w == 401.5
-    assert busy.temperature_c is None and busy.pcie_tx_kbps is None
-    assert busy.clocks_event_reasons == 4
 
 
 # --- the per-process GPU map ---------------------------------------------------------------------

@@ -159,26 +159,6 @@ def test_downsampling_starts_at_the_newest_minute_and_leaves_the_filling_one():
     assert_same(stored_minutes(), want)
 
 
-def test_on_postgresql_the_roll_up_is_one_statement_equal_to_the_orm_fallback(
-    postgres, monkeypatch
-):
-    samples = random_samples(three_gpus(), minutes=4, seed=5)
-    end = BASE + timedelta(minutes=4)
-    with CaptureQueriesContext(connection) as captured:
-        written = telemetry_sql.roll_up(None, end)
-    statements = [q["sql"] for q in captured.captured_queries if "INSERT" in q["sql"]]
-    assert len(statements) == 1 and "GROUP BY gpu_id, date_trunc('minute', time)" in statements[0]
-    assert "ON CONFLICT (gpu_id, minute) DO UPDATE" in statements[0]
-    assert any("pg_advisory_xact_lock" in q["sql"] for q in captured.captured_queries)
-    by_sql = stored_minutes()
-    assert written == len(by_sql) == 12
-    GpuSampleMinute.objects.all().delete()
-    monkeypatch.setattr(telemetry_sql, "postgres", lambda: False)  # the SQLite path
-    telemetry_sql.roll_up(None, end)
-    assert_same(stored_minutes(), by_sql)
-    assert_same(by_sql, expected_minutes(samples))
-
-
 # --- retention -----------------------------------------------------------------------------------
 def deletes(captured):
     return [q for q in captured.captured_queries if q["sql"].startswith("DELETE")]

@@ -1,0 +1,70 @@
+"""The PostgreSQL statements of fleet telemetry (hosts.services.telemetry_sql): a batch is one
+COPY and one UPDATE … FROM (VALUES …) per table, the minute roll-up one INSERT … SELECT … GROUP
+BY under an advisory lock, and each stores exactly what the ORM fallback (SQLite's path) does.
+Second pass only: they need PostgreSQL."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from hosts.models import GpuSample, GpuSampleMinute
+from hosts.services import telemetry_fleet, telemetry_sql
+from tests.hosts.test_telemetry_fleet import odd_readings, stored, two_gpu_hosts
+from tests.hosts.test_telemetry_rollup import (
+    BASE,
+    assert_same,
+    expected_minutes,
+    random_samples,
+    stored_minutes,
+    three_gpus,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
+
+
+def test_on_postgresql_a_batch_is_one_copy_and_one_update_from_values_each(postgres, monkeypatch):
+    t = timezone.now()
+    hosts = two_gpu_hosts(3)
+    with CaptureQueriesContext(connection) as captured:
+        assert telemetry_fleet.record_batch(odd_readings(hosts, t)) == 6
+    sql = [q["sql"] for q in captured.captured_queries]
+    assert len([s for s in sql if s.startswith("COPY hosts_gpusample")]) == 1
+    assert not [s for s in sql if s.startswith("INSERT")]
+    updates = [s for s in sql if s.startswith("UPDATE")]
+    assert len(updates) == 2 and all("FROM (VALUES" in s for s in updates), updates
+    by_sql = stored(hosts)
+    assert len(by_sql[0]) == 6
+    # The same readings through the ORM fallback (SQLite's path) on other hosts: the same rows.
+    others = two_gpu_hosts(3)
+    monkeypatch.setattr(telemetry_sql, "postgres", lambda: False)
+    with CaptureQueriesContext(connection) as captured:
+        telemetry_fleet.record_batch(odd_readings(others, t))
+    assert any(q["sql"].startswith("INSERT") for q in captured.captured_queries)
+    assert stored(others) == by_sql
+    busy = GpuSample.objects.get(gpu__host=hosts[0], gpu__index=0)
+    assert busy.sm_clock_mhz == 1980 and busy.mem_clock_mhz == 2619 and busy.power_w == 401.5
+    assert busy.temperature_c is None and busy.pcie_tx_kbps is None
+    assert busy.clocks_event_reasons == 4
+
+
+def test_on_postgresql_the_roll_up_is_one_statement_equal_to_the_orm_fallback(
+    postgres, monkeypatch
+):
+    samples = random_samples(three_gpus(), minutes=4, seed=5)
+    end = BASE + timedelta(minutes=4)
+    with CaptureQueriesContext(connection) as captured:
+        written = telemetry_sql.roll_up(None, end)
+    statements = [q["sql"] for q in captured.captured_queries if "INSERT" in q["sql"]]
+    assert len(statements) == 1 and "GROUP BY gpu_id, date_trunc('minute', time)" in statements[0]
+    assert "ON CONFLICT (gpu_id, minute) DO UPDATE" in statements[0]
+    assert any("pg_advisory_xact_lock" in q["sql"] for q in captured.captured_queries)
+    by_sql = stored_minutes()
+    assert written == len(by_sql) == 12
+    GpuSampleMinute.objects.all().delete()
+    monkeypatch.setattr(telemetry_sql, "postgres", lambda: False)  # the SQLite path
+    telemetry_sql.roll_up(None, end)
+    assert_same(stored_minutes(), by_sql)
+    assert_same(by_sql, expected_minutes(samples))
