@@ -106,6 +106,39 @@ def test_rows_keep_what_the_list_showed(client, viewer):
     assert "<td>2</td>" in filtered.split('<tr data-host="fleet-000">')[1].split("</tr>")[0]
 
 
+def test_odd_readings_show_a_dash_and_text_is_escaped(client, viewer):
+    """The GPU cells are built in Python (hosts/templatetags/fleet.py): what an agent sends is
+    shown as the template showed it, a reading that is not a number is a dash, not a 500."""
+    (host,) = _fleet(1, gpus=3)
+    odd = [
+        {"utilization_gpu_pct": "N/A", "memory_used_bytes": "N/A", "power_w": None},
+        {"utilization_gpu_pct": 99.6, "power_w": "412.4", "power_limit_w": None},
+        {"utilization_gpu_pct": True, "throttle_reasons": ["idle", "sw_power_cap", "<b>x</b>"]},
+    ]
+    for gpu, sample in zip(host.gpus.order_by("index"), odd, strict=True):
+        gpu.last_sample = sample
+        gpu.name = "<script>GPU</script>" if gpu.index == 0 else gpu.name
+        gpu.save()
+    Gpu.objects.filter(host=host, index=2).update(memory_bytes=40 * 2**30)
+    client.force_login(viewer)
+    row = _get(client).content.decode().split('<tr data-host="fleet-000">')[1].split("</tr>")[0]
+    cells = re.findall(r"<div[^>]*>(.*?)</div>", row)
+    names, util, memory, power = cells[0:3], cells[3:6], cells[6:9], cells[9:12]
+    assert names[0] == "0: &lt;script&gt;GPU&lt;/script&gt;" and "<script>" not in row
+    # An idle clock-down is not a clock event; the rest are listed, escaped.
+    assert names[2].endswith('title="clock events">sw_power_cap, &lt;b&gt;x&lt;/b&gt;</span>')
+    assert util == ["—", "100 %", "—"]
+    assert memory == ["— / 80 GiB", "— / 80 GiB", "— / 40 GiB"]
+    assert power == ["—", "412 / — W", "—"]
+
+
+def test_a_host_without_gpus_keeps_the_columns(client, viewer):
+    _fleet(1, gpus=0)
+    client.force_login(viewer)
+    row = _get(client).content.decode().split('<tr data-host="fleet-000">')[1].split("</tr>")[0]
+    assert row.count("<td") == 10 and '<span class="muted">—</span>' in row
+
+
 @pytest.fixture
 def mixed(db):
     _fleet(3, labels={"zone": "eu", "tier": "gold"}, gpu="NVIDIA H100 80GB HBM3")
