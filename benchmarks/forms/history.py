@@ -9,7 +9,7 @@ from benchmarks.choices import RunSource
 from benchmarks.models import LoadProfile
 from benchmarks.services.history import DEFAULT_SORT, PAGE_SIZES, SORTS
 from controlpanel.choices import OperationStatus
-from controlpanel.widgets import QuickSelect
+from controlpanel.widgets import ColumnChoiceField, QuickSelect
 from hosts.choices import EngineKind
 from hosts.models import Deployment, EngineConfig, Gpu, Host
 
@@ -33,8 +33,9 @@ class HistoryForm(forms.Form):
     from what the runs hold, so every option finds something."""
 
     q = forms.CharField(required=False, max_length=100, label="Label contains")
-    host = forms.ModelChoiceField(
-        Host.objects.only("id", "name").order_by("name"),
+    host = ColumnChoiceField(
+        Host.objects.order_by("name"),
+        label_column="name",
         required=False,
         empty_label="any",
         widget=QuickSelect,  # one option per host: a 500-host fleet
@@ -60,8 +61,9 @@ class HistoryForm(forms.Form):
     status = forms.ChoiceField(
         choices=ANY + list(OperationStatus.choices), required=False, widget=QuickSelect
     )
-    requested_by = forms.ModelChoiceField(
+    requested_by = ColumnChoiceField(
         get_user_model().objects.none(),
+        label_column=get_user_model().USERNAME_FIELD,
         required=False,
         empty_label="anyone",
         label="Run by",
@@ -90,9 +92,8 @@ class HistoryForm(forms.Form):
         super().__init__(*args, **kwargs)
         names = LoadProfile.objects.order_by("name").values_list("name", flat=True).distinct()
         self.fields["profile"].choices = ANY + [(n, n) for n in names]
-        self.fields["requested_by"].queryset = (
-            get_user_model().objects.only("id", "username").order_by("username")
-        )
+        users = get_user_model()
+        self.fields["requested_by"].queryset = users.objects.order_by(users.USERNAME_FIELD)
 
     def suggestions(self) -> dict[str, list[str]]:
         """What the GPU model and model boxes offer: what the fleet has now."""
