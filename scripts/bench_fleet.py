@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import secrets
 import statistics
 import subprocess
@@ -41,20 +40,10 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+sys.path.insert(0, str(ROOT / "scripts"))
 
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
+import benchkit  # noqa: E402 - after the path it is found on
+from benchkit import cpu_model, pct  # noqa: E402
 
 
 def fresh_database(url: str, name: str) -> str:
@@ -135,65 +124,12 @@ def main() -> None:
     django.setup()
     from django.db import connection
 
-    from hosts.agent.simulated import SimulatedGpus, parse_simulate
-    from hosts.models import Gpu, Host
+    gpu_count = benchkit.create_fleet(args.hosts, args.gpus, args.base_port, token)
+    print(f"{args.hosts} hosts, {gpu_count} GPUs created")
 
-    spec, count = parse_simulate(args.gpus)
-    for i in range(args.hosts):
-        # One save each: saving binds the token to its destination (a bulk insert would not).
-        Host.objects.create(
-            name=f"fleet-{i:04d}",
-            address="127.0.0.1",
-            transport="agent",
-            port=args.base_port + i,
-            agent_token=token,
-            status="online",
-            labels={"rack": f"r{i // 50}", "zone": "bench"},
-        )
-    hosts = list(Host.objects.order_by("port"))
-    gpus = []
-    for i, host in enumerate(hosts):
-        sim = SimulatedGpus(spec, count, seed=f"fleet-{i:04d}")
-        for item in sim.inventory_gpus():
-            gpus.append(
-                Gpu(
-                    host=host,
-                    index=item["index"],
-                    uuid=item["uuid"],
-                    name=item["name"],
-                    memory_bytes=item["memory_total_bytes"],
-                    numa_node=item["numa_node"],
-                )
-            )
-    Gpu.objects.bulk_create(gpus, batch_size=2000)
-    print(f"{len(hosts)} hosts, {len(gpus)} GPUs created")
-
-    fleet = subprocess.Popen(
-        [PY, "-m", "hosts.agent.fleet", "--hosts", str(args.hosts), "--gpus", args.gpus]
-        + ["--base-port", str(args.base_port), "--token", token],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert "ready" in fleet.stdout.readline(), "the fleet simulator did not start"
     logs = Path(env["VAR_DIR"])
-    logs.mkdir(parents=True, exist_ok=True)
-    celery = [PY, "-m", "celery", "-A", "controlpanel"]
-    worker = subprocess.Popen(
-        celery + ["worker", "-l", "WARNING", f"--concurrency={args.concurrency}"],
-        cwd=ROOT,
-        env=env,
-        stdout=open(logs / "worker.log", "w"),  # noqa: SIM115
-        stderr=subprocess.STDOUT,
-    )
-    beat = subprocess.Popen(
-        celery + ["beat", "-l", "WARNING", "-s", str(logs / "beat-schedule")],
-        cwd=ROOT,
-        env=env,
-        stdout=open(logs / "beat.log", "w"),  # noqa: SIM115
-        stderr=subprocess.STDOUT,
+    fleet, worker, beat = benchkit.start_fleet(
+        args.hosts, args.gpus, args.base_port, token, args.concurrency, env, logs
     )
     procs = {p: psutil.Process(p.pid) for p in (worker, beat, fleet)}
     lags: list[float] = []
@@ -252,18 +188,18 @@ def main() -> None:
             cur.execute(size_sql)
             size1 = cur.fetchone()
             load = os.getloadavg()
-        expected = len(gpus) * args.seconds
+        expected = gpu_count * args.seconds
         print(
             f"\n--- {args.seconds} s, {args.shards} shards, worker concurrency {args.concurrency}"
         )
         print(f"load during (1 min avg at end): {load}")
         print(
             f"samples: {rows} stored = {rows / args.seconds:.0f}/s "
-            f"({100 * rows / expected:.1f} % of {len(gpus)} GPUs x 1 Hz)"
+            f"({100 * rows / expected:.1f} % of {gpu_count} GPUs x 1 Hz)"
         )
         print(
             f"poll lag (reading time at the agent -> row seen committed), s: "
-            f"p50 {pct(lags, 0.5):.3f}  p99 {pct(lags, 0.99):.3f}  max {max(lags or [0]):.3f}"
+            f"p50 {pct(lags, 50):.3f}  p99 {pct(lags, 99):.3f}  max {max(lags or [0]):.3f}"
         )
         for name, p in (("worker", worker), ("beat", beat), ("fleet simulator", fleet)):
             used = cpu1[p] - cpu0[p]
@@ -287,7 +223,7 @@ def main() -> None:
         for proc in (beat, worker):
             proc.terminate()
             proc.wait(30)
-        rollup_and_storage(len(gpus))
+        rollup_and_storage(gpu_count)
     finally:
         for proc in (beat, worker):
             proc.terminate()

@@ -17,7 +17,6 @@ import argparse
 import math
 import multiprocessing
 import os
-import platform
 import socket
 import subprocess
 import sys
@@ -27,6 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+from benchkit import cpu_model  # noqa: E402
 
 from benchmarks.loadgen import Dataset, LengthDist, LoadSpec, Stage  # noqa: E402
 from benchmarks.loadgen.distributed import measure_offset, merge_reports, run_shard  # noqa: E402
@@ -53,13 +54,6 @@ def shard_process(spec, shard, shards, start_at):
     read, _ = reference()
     offset = measure_offset(read)
     return run_shard(spec, shard, shards, start_at, offset, f"{socket.gethostname()}:{os.getpid()}")
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def measure(spec, shards):

@@ -33,6 +33,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+from benchkit import cpu_model, pct  # noqa: E402
+
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 WATCH_EVERY_S = 0.02
 
@@ -210,21 +213,6 @@ def trial(args, engine_url: str, deployment_id: int) -> float | None:
     return max(seen["panel"] - seen["engine"], 0.0)
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(int(round(q * (len(ordered) - 1))), len(ordered) - 1)]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main():
     args = parse_args()
     with tempfile.TemporaryDirectory(prefix="signal-lag-") as scratch:
@@ -255,7 +243,7 @@ def main():
     if lags:
         print(
             f"signal lag behind the engine: p50 {statistics.median(lags):.2f} s, "
-            f"p95 {pct(lags, 0.95):.2f} s, max {max(lags):.2f} s ({len(lags)} measured)"
+            f"p95 {pct(lags, 95):.2f} s, max {max(lags):.2f} s ({len(lags)} measured)"
         )
     if missed:
         print(f"{missed} trial(s) never showed the jump on the panel within {args.timeout:g} s")

@@ -43,7 +43,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 PYTHON = sys.executable
+
+import benchkit  # noqa: E402 - after the path it is found on
+from benchkit import cpu_model, pct  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -66,21 +70,9 @@ def parse_args(argv=None):
 
 
 def panel_env(args, database: str, var_dir: str) -> dict:
-    env = dict(os.environ)
-    env.update(
-        DATABASE_URL=f"{args.database_url}/{database}",
-        REDIS_URL=args.redis_url,
-        SECRET_KEY="bench-sockets-" + "x" * 50,
-        HTTPS="false",
-        DEBUG="false",
-        VAR_DIR=var_dir,
-        ALLOWED_HOSTS="127.0.0.1,localhost",
-        DJANGO_SETTINGS_MODULE="controlpanel.settings",
-        # As docker-compose.yml runs the web tier: each process keeps its connections.
-        DATABASE_CONN_MAX_AGE="60",
+    return benchkit.panel_env(
+        f"{args.database_url}/{database}", args.redis_url, var_dir, "bench-sockets"
     )
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    return env
 
 
 # --- seed role (runs with the panel's environment) -----------------------------------------
@@ -198,20 +190,6 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "?"
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
 def wait_http(port: int, deadline_s: float = 120.0) -> None:

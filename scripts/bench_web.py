@@ -48,6 +48,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
+import benchkit  # noqa: E402 - after the path it is found on
+from benchkit import cpu_model, pct  # noqa: E402
+
 PYTHON = sys.executable
 
 PAGE_NAMES = ("dashboard", "hosts list", "host page", "history", "run page")
@@ -77,24 +80,16 @@ def parse_args(argv=None):
 
 
 def panel_env(args, database: str, var_dir: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    env.update(
-        DATABASE_URL=f"{args.database_url}/{database}",
-        REDIS_URL=args.redis_url,
-        SECRET_KEY="bench-web-" + "x" * 50,
+    return benchkit.panel_env(
+        f"{args.database_url}/{database}",
+        args.redis_url,
+        var_dir,
+        "bench-web",
         HTTPS="true",
-        DEBUG="false",
-        VAR_DIR=var_dir,
-        ALLOWED_HOSTS="127.0.0.1,localhost",
-        DJANGO_SETTINGS_MODULE="controlpanel.settings",
-        # As docker-compose.yml runs the web tier: each process keeps its connections.
-        DATABASE_CONN_MAX_AGE="60",
-        ADVISOR_INTERVAL_SECONDS="0",
         TELEMETRY_SHARDS=str(args.shards),
         WEB_HOST="127.0.0.1",
         WEB_PORT=str(args.port),
     )
-    return env
 
 
 # --- seed role (runs with the panel's environment) -----------------------------------------
@@ -125,7 +120,7 @@ def seed(args) -> None:
         {"print": lambda text: out.update(json.loads(text))},
     )
     if args.fleet:
-        out["fleet_gpus"] = create_fleet(args.fleet, args.gpus, args.base_port, args.token)
+        out["fleet_gpus"] = benchkit.create_fleet(args.fleet, args.gpus, args.base_port, args.token)
     cookies = []
     for i in range(args.viewers):
         user = User.objects.create_user(username=f"bench-viewer-{i}", password=None)
@@ -137,55 +132,7 @@ def seed(args) -> None:
     print(json.dumps(out))
 
 
-def create_fleet(hosts: int, gpus: str, base_port: int, token: str) -> int:
-    """``hosts`` agent hosts on consecutive ports with the GPUs the fleet simulator reports
-    for them (its seeded UUIDs), as onboarding would record them; returns the GPU count."""
-    from hosts.agent.simulated import SimulatedGpus, parse_simulate
-    from hosts.models import Gpu, Host
-
-    spec, count = parse_simulate(gpus)
-    rows = []
-    for i in range(hosts):
-        # One save each: saving binds the token to its destination (a bulk insert would not).
-        host = Host.objects.create(
-            name=f"fleet-{i:04d}",
-            address="127.0.0.1",
-            transport="agent",
-            port=base_port + i,
-            agent_token=token,
-            status="online",
-            labels={"rack": f"r{i // 50}", "zone": "bench"},
-        )
-        for item in SimulatedGpus(spec, count, seed=f"fleet-{i:04d}").inventory_gpus():
-            rows.append(
-                Gpu(
-                    host=host,
-                    index=item["index"],
-                    uuid=item["uuid"],
-                    name=item["name"],
-                    memory_bytes=item["memory_total_bytes"],
-                    numa_node=item["numa_node"],
-                )
-            )
-    Gpu.objects.bulk_create(rows, batch_size=2000)
-    return len(rows)
-
-
 # --- measuring ------------------------------------------------------------------------------
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "?"
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -312,13 +259,21 @@ def summarize(title: str, results, seconds: float) -> dict:
                 f"    {name:11s} n={len(ms):5d}  p50 {pct(ms, 50):6.0f}  p95 {pct(ms, 95):6.0f}"
                 f"  p99 {pct(ms, 99):6.0f}  max {max(ms):6.0f} ms"
             )
-            row[name] = {"p50": pct(ms, 50), "p95": pct(ms, 95), "p99": pct(ms, 99)}
+            row[name] = {
+                "p50": pct(ms, 50),
+                "p95": pct(ms, 95),
+                "p99": pct(ms, 99),
+            }
     every = [r[1] for r in ok]
     print(
         f"    {'all pages':11s} n={len(every):5d}  p50 {pct(every, 50):6.0f}  "
         f"p95 {pct(every, 95):6.0f}  p99 {pct(every, 99):6.0f} ms"
     )
-    row["all"] = {"p50": pct(every, 50), "p95": pct(every, 95), "p99": pct(every, 99)}
+    row["all"] = {
+        "p50": pct(every, 50),
+        "p95": pct(every, 95),
+        "p99": pct(every, 99),
+    }
     return row
 
 
@@ -408,36 +363,6 @@ def postgres_cpu() -> float:
     return cpu_seconds(postgres_pids())
 
 
-def start_fleet(args, env, token: str, logs: Path) -> list[subprocess.Popen]:
-    fleet = subprocess.Popen(
-        [PYTHON, "-m", "hosts.agent.fleet", "--hosts", str(args.fleet), "--gpus", args.gpus]
-        + ["--base-port", str(args.base_port), "--token", token],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    if "ready" not in fleet.stdout.readline():
-        raise SystemExit("the fleet simulator did not start")
-    celery = [PYTHON, "-m", "celery", "-A", "controlpanel"]
-    worker = subprocess.Popen(
-        celery + ["worker", "-l", "WARNING", f"--concurrency={args.worker_concurrency}"],
-        cwd=ROOT,
-        env=env,
-        stdout=open(logs / "worker.log", "w"),  # noqa: SIM115
-        stderr=subprocess.STDOUT,
-    )
-    beat = subprocess.Popen(
-        celery + ["beat", "-l", "WARNING", "-s", str(logs / "beat-schedule")],
-        cwd=ROOT,
-        env=env,
-        stdout=open(logs / "beat.log", "w"),  # noqa: SIM115
-        stderr=subprocess.STDOUT,
-    )
-    return [fleet, worker, beat]
-
-
 def samples_per_s(env: dict, seconds: float = 10.0) -> float:
     import psycopg
 
@@ -482,7 +407,15 @@ def main(args) -> int:
             f"{args.viewers} viewers"
         )
         if args.fleet:
-            background = start_fleet(args, env, token, Path(var_dir))
+            background = benchkit.start_fleet(
+                args.fleet,
+                args.gpus,
+                args.base_port,
+                token,
+                args.worker_concurrency,
+                env,
+                Path(var_dir),
+            )
             time.sleep(10)  # beat's first ticks, the worker's first batches
             print(
                 f"fleet: {args.fleet} hosts, {seeded['fleet_gpus']} GPUs polled at 1 Hz by "

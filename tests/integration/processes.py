@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shlex
 import signal
@@ -100,3 +101,37 @@ def run_healthcheck(service: str, env: dict) -> subprocess.CompletedProcess:
         text=True,
         timeout=60,
     )
+
+
+def use_redis_channel_layer(settings, url: str) -> None:
+    """This test process's channel layer on ``url``'s Redis, where the started processes
+    publish (pytest-django's ``settings`` fixture restores it)."""
+    settings.CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [url]}}
+    }
+
+
+async def run_events(broker, run, workers, timeout: float = 120, on_event=None) -> list[dict]:
+    """Send the run's task to the started workers and listen on the run's group (as its page
+    would) until the run says it finished; ``on_event`` (async) sees each event first."""
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(f"run-{run.pk}", channel)
+    broker.send_task("benchmarks.tasks.run_benchmark", args=[run.pk])
+    events = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        try:
+            message = await asyncio.wait_for(layer.receive(channel), timeout=5)
+        except TimeoutError:
+            continue
+        events.append(message)
+        if on_event is not None:
+            await on_event(message)
+        if message["type"] == "run.status" and message["data"]["finished"]:
+            return events
+    logs = "\n".join(w.output()[-3000:] for w in workers)
+    raise AssertionError("the run never finished:\n" + logs)

@@ -8,14 +8,18 @@ import asyncio
 
 import pytest
 from celery import Celery
-from channels.layers import get_channel_layer
 
 from benchmarks.models import RunPoint, RunRequestLog
 from benchmarks.services import runs as services
 from hosts.models import EngineConfig, EngineOperation
 from tests.factories import make_host, make_profile, make_sim_deployment
 from tests.hosts.agent.conftest import AgentProcess
-from tests.integration.processes import compose_command, wait_until
+from tests.integration.processes import (
+    compose_command,
+    run_events,
+    use_redis_channel_layer,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -36,12 +40,7 @@ def test_worker_runs_a_benchmark_and_streams_it_over_redis(
     settings,
     postgres,
 ):
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [production_env["REDIS_URL"]]},
-        }
-    }
+    use_redis_channel_layer(settings, production_env["REDIS_URL"])
     (tmp_path / "agent-home").mkdir()
     agent = AgentProcess(tmp_path / "agent-home", "--simulate", "h100-sxm:1")
     agent.start()
@@ -65,7 +64,7 @@ def test_worker_runs_a_benchmark_and_streams_it_over_redis(
         assert deployment.active_config == config
 
         run = services.start_benchmark(None, deployment, make_profile(spec=PROFILE))
-        events = asyncio.run(stream(broker, run, worker))
+        events = asyncio.run(run_events(broker, run, [worker]))
     finally:
         agent.stop()
 
@@ -90,23 +89,3 @@ def test_worker_runs_a_benchmark_and_streams_it_over_redis(
     assert gpus[0]["memory_used_gib"] > 1 and gpus[0]["power_w"] > 0, gpus
     assert any(g["utilization_pct"] > 0 for p in points for g in p["data"]["gpus"]), points
     assert statuses[0] == "running" and statuses[-1] == "succeeded"
-
-
-async def stream(broker, run, worker) -> list[dict]:
-    """Listen on the run's group (as a consumer would) while the worker runs it."""
-    layer = get_channel_layer()
-    channel = await layer.new_channel()
-    await layer.group_add(f"run-{run.pk}", channel)
-    broker.send_task("benchmarks.tasks.run_benchmark", args=[run.pk])
-    events = []
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 120
-    while loop.time() < deadline:
-        try:
-            message = await asyncio.wait_for(layer.receive(channel), timeout=5)
-        except TimeoutError:
-            continue
-        events.append(message)
-        if message["type"] == "run.status" and message["data"]["finished"]:
-            return events
-    raise AssertionError("the run never finished:\n" + worker.output()[-3000:])

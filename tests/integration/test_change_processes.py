@@ -19,7 +19,7 @@ from hosts.models import EngineConfig, EngineOperation
 from hosts.services import operations as host_operations
 from tests.factories import make_host, make_profile, make_sim_deployment
 from tests.hosts.agent.conftest import AgentProcess
-from tests.integration.processes import compose_command
+from tests.integration.processes import compose_command, use_redis_channel_layer
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -41,12 +41,7 @@ def test_worker_applies_and_verifies_a_change_streaming_its_timeline(
     operator,
     approver,
 ):
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [production_env["REDIS_URL"]]},
-        }
-    }
+    use_redis_channel_layer(settings, production_env["REDIS_URL"])
     (tmp_path / "agent-home").mkdir()
     agent = AgentProcess(tmp_path / "agent-home", "--simulate", "h100-sxm:1").start()
     try:

@@ -10,7 +10,7 @@ from channels.testing import WebsocketCommunicator
 
 from home.routing import websocket_urlpatterns
 from tests.factories import make_host
-from tests.integration.processes import ROOT
+from tests.integration.processes import ROOT, use_redis_channel_layer
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -41,12 +41,7 @@ def publish_from_another_process(redis_url, group, value):
 def test_group_message_from_another_process_reaches_the_socket(settings, redis_url, viewer):
     from channels.routing import URLRouter
 
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [redis_url]},
-        }
-    }
+    use_redis_channel_layer(settings, redis_url)
     watched, other = make_host(), make_host()
 
     async def scenario():

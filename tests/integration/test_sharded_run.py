@@ -14,7 +14,6 @@ from decimal import Decimal
 import pytest
 from asgiref.sync import sync_to_async
 from celery import Celery
-from channels.layers import get_channel_layer
 from django.db import connection
 from django.utils import timezone
 
@@ -24,7 +23,7 @@ from benchmarks.models import RunPoint, RunRequestLog, RunShard, RunShardChunk
 from benchmarks.services import runs as services
 from tests.benchmarks.loadgen.conftest import fixed_server  # noqa: F401 - shared fixture
 from tests.factories import make_deployment, make_gpu, make_host, make_profile
-from tests.integration.processes import compose_command
+from tests.integration.processes import compose_command, run_events, use_redis_channel_layer
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -53,12 +52,7 @@ def test_two_loadgen_workers_run_a_two_shard_benchmark_and_a_cancel_stops_both(
     postgres,
 ):
     settings.EMBEDDED = False  # this process's panel is embedded; the started ones are not
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [production_env["REDIS_URL"]]},
-        }
-    }
+    use_redis_channel_layer(settings, production_env["REDIS_URL"])
     server = fixed_server(ttft_ms=20, itl_ms=2)
     host = make_host(address="127.0.0.1", hourly_price=Decimal("2.00"))
     gpu = make_gpu(host)
@@ -128,33 +122,21 @@ def test_two_loadgen_workers_run_a_two_shard_benchmark_and_a_cancel_stops_both(
 
 
 async def stream(broker, run, workers, cancel_after: int | None = None) -> list[dict]:
-    """Listen on the run's group (as its page would) while the workers run it; cancel it
-    once a point counts ``cancel_after`` completed requests."""
-    layer = get_channel_layer()
-    channel = await layer.new_channel()
-    await layer.group_add(f"run-{run.pk}", channel)
-    broker.send_task("benchmarks.tasks.run_benchmark", args=[run.pk])
-    events = []
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 180
-    while loop.time() < deadline:
-        try:
-            message = await asyncio.wait_for(layer.receive(channel), timeout=5)
-        except TimeoutError:
-            continue
-        events.append(message)
+    """The run's events while the workers run it; cancelled once a point counts
+    ``cancel_after`` completed requests."""
+    asked = []
+
+    async def maybe_cancel(message):
         if (
             cancel_after is not None
+            and not asked
             and message["type"] == "run.point"
             and message["data"]["completed"] >= cancel_after
         ):
+            asked.append(True)
             await sync_to_async(cancel)(run)
-            cancel_after = None
-        if message["type"] == "run.status" and message["data"]["finished"]:
-            return events
-    raise AssertionError(
-        "the run never finished:\n" + "\n".join(w.output()[-3000:] for w in workers)
-    )
+
+    return await run_events(broker, run, workers, timeout=180, on_event=maybe_cancel)
 
 
 def cancel(run) -> None:
