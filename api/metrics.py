@@ -49,6 +49,7 @@ from benchmarks.services.runs import ACTIVE as RUN_ACTIVE
 from changes.choices import LOCK_STATES, SweepState
 from changes.models import ChangeRequest, Sweep
 from controlpanel import task_stats
+from controlpanel.admission import SHED
 from controlpanel.celery import app as celery_app
 from controlpanel.realtime_stats import WEBSOCKETS
 from hosts.models import Host
@@ -120,7 +121,7 @@ def scrape_registry() -> CollectorRegistry:
     if settings.PROMETHEUS_MULTIPROC_DIR:
         multiprocess.MultiProcessCollector(registry, path=settings.PROMETHEUS_MULTIPROC_DIR)
     else:
-        for instrument in (REQUESTS, LATENCY, WEBSOCKETS):
+        for instrument in (REQUESTS, LATENCY, WEBSOCKETS, SHED):
             registry.register(instrument)
     registry.register(PanelCollector())
     return registry

@@ -15,12 +15,16 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
 
+from controlpanel.admission import Admission  # noqa: E402
 from home.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # At most WEB_MAX_IN_FLIGHT requests in Django at once per process; the rest wait up to
+        # WEB_QUEUE_SECONDS, then get a 503 (controlpanel.admission).
+        "http": Admission(django_asgi_app, settings.WEB_MAX_IN_FLIGHT, settings.WEB_QUEUE_SECONDS),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

@@ -102,6 +102,8 @@ def _read():
         "VAR_DIR": var_dir,
         "STATIC_ROOT": Path(env_str("STATIC_ROOT", str(var_dir / "static"))),
         "REDIS_URL": redis_url,
+        "WEB_MAX_IN_FLIGHT": env_int("WEB_MAX_IN_FLIGHT", pool_size or 10, minimum=1),
+        "WEB_QUEUE_SECONDS": env_float("WEB_QUEUE_SECONDS", 5.0, minimum=0),
         "EMBEDDED": embedded,
         "DEBUG": debug,
         "SECRET_KEY": secret_key,
@@ -268,6 +270,11 @@ TEMPLATES = [
 ]
 
 DATABASES = {"default": _env["DATABASE"]}
+# Admission control of each web process (controlpanel.admission): HTTP requests in Django at
+# once, by default the database pool's size (each request holds one of its connections), and
+# how long the next ones may wait for a turn before a 503 with Retry-After.
+WEB_MAX_IN_FLIGHT = _env["WEB_MAX_IN_FLIGHT"]
+WEB_QUEUE_SECONDS = _env["WEB_QUEUE_SECONDS"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -59,6 +59,7 @@ def start_with(env: dict, tmp_path, shell: str = "") -> subprocess.CompletedProc
         k: v
         for k, v in os.environ.items()
         if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DEBUG", "DATABASE_POOL_SIZE")
+        and not k.startswith("WEB_")
     }
     clean.update({"VAR_DIR": str(tmp_path), **env})
     command = ["shell", "-c", shell] if shell else ["check"]
@@ -82,6 +83,8 @@ def start_with(env: dict, tmp_path, shell: str = "") -> subprocess.CompletedProc
         ({"CELERY_TASK_TIME_LIMIT": "-5"}, "CELERY_TASK_TIME_LIMIT"),
         ({"LOG_LEVEL": "LOUD"}, "LOG_LEVEL"),
         ({"SECRET_KEY_FILE": "/nonexistent/key"}, "SECRET_KEY_FILE"),
+        ({"WEB_MAX_IN_FLIGHT": "0"}, "WEB_MAX_IN_FLIGHT"),
+        ({"WEB_QUEUE_SECONDS": "soon"}, "WEB_QUEUE_SECONDS"),
     ],
 )
 def test_bad_value_fails_at_start_naming_the_variable(tmp_path, env, named):
@@ -124,3 +127,21 @@ def test_database_pool_size_pools_postgresql_connections_instead_of_keeping_them
     assert read({"DATABASE_POOL_SIZE": "6"})[1] is None
     bad = start_with({**production, "DATABASE_POOL_SIZE": "-1"}, tmp_path, show)
     assert bad.returncode != 0 and "DATABASE_POOL_SIZE" in bad.stderr
+
+
+def test_web_admission_follows_the_pool_unless_set(tmp_path):
+    show = "from django.conf import settings as s; print(s.WEB_MAX_IN_FLIGHT, s.WEB_QUEUE_SECONDS)"
+    production = {
+        "DATABASE_URL": "postgres://panel@127.0.0.1:5432/panel",
+        "SECRET_KEY": "test-only-" + "x" * 50,
+    }
+
+    def read(env):
+        result = start_with(env, tmp_path, show)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip().splitlines()[-1]
+
+    # One request per pooled connection: none of them waits on the pool.
+    assert read({**production, "DATABASE_POOL_SIZE": "6"}) == "6 5.0"
+    assert read(production) == "10 5.0"
+    assert read({**production, "WEB_MAX_IN_FLIGHT": "3", "WEB_QUEUE_SECONDS": "1.5"}) == "3 1.5"
