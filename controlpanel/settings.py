@@ -104,6 +104,7 @@ def _read():
         "REDIS_URL": redis_url,
         "WEB_MAX_IN_FLIGHT": env_int("WEB_MAX_IN_FLIGHT", pool_size or 10, minimum=1),
         "WEB_QUEUE_SECONDS": env_float("WEB_QUEUE_SECONDS", 5.0, minimum=0),
+        "PAGE_CACHE_SECONDS": env_int("PAGE_CACHE_SECONDS", 0 if embedded else 1, minimum=0),
         "EMBEDDED": embedded,
         "DEBUG": debug,
         "SECRET_KEY": secret_key,
@@ -275,6 +276,9 @@ DATABASES = {"default": _env["DATABASE"]}
 # how long the next ones may wait for a turn before a 503 with Retry-After.
 WEB_MAX_IN_FLIGHT = _env["WEB_MAX_IN_FLIGHT"]
 WEB_QUEUE_SECONDS = _env["WEB_QUEUE_SECONDS"]
+# Page parts every viewer of a role sees alike (fleet tables, dashboard cards) are shared for
+# this long through the cache (controlpanel.pagecache); a committed write shows at once.
+PAGE_CACHE_SECONDS = _env["PAGE_CACHE_SECONDS"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

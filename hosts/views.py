@@ -8,6 +8,7 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.utils.functional import SimpleLazyObject
 from django.views.decorators.http import require_POST
 
 from hosts.choices import OperationKind
@@ -30,21 +31,23 @@ BACKFILL = timedelta(minutes=10)
 @permission_required("hosts.view_host", raise_exception=True)
 def host_list(request):
     """One page of the fleet (``?page=``), narrowed by ``?q=&status=&gpu=&label=``; a filter
-    value that does not validate is explained on the form and ignored."""
+    value that does not validate is explained on the form and ignored. The page's data is
+    read lazily: the template shares the rendered list between viewers (pagecache), and a
+    list taken from there runs none of its queries."""
     form = HostFilterForm(request.GET)
     form.is_valid()
     chosen = form.chosen()
-    hosts = fleet_list.filter_hosts(fleet_list.list_rows(), chosen)
     asked = request.GET.get("page")
-    page = Paginator(hosts, fleet_list.PAGE_SIZE).get_page(asked)
+    hosts = fleet_list.filter_hosts(fleet_list.list_rows(), chosen)
+    page = SimpleLazyObject(lambda: Paginator(hosts, fleet_list.PAGE_SIZE).get_page(asked))
     context = {
         "form": form,
         "page": page,
-        "hosts": page.object_list,
+        "hosts": SimpleLazyObject(lambda: page.object_list),
         "filtered": chosen.active,
-        "fleet_size": Host.objects.count() if chosen.active else page.paginator.count,
-        "gpu_models": fleet_list.gpu_models(),
-        "page_note": _page_note(asked, page),
+        "fleet_size": lambda: Host.objects.count() if chosen.active else page.paginator.count,
+        "gpu_models": fleet_list.gpu_models,
+        "page_note": lambda: _page_note(asked, page),
     }
     return render(request, "hosts/host_list.html", context)
 

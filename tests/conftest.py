@@ -34,6 +34,9 @@ def pytest_configure(config):
 
     # Personas are created for many tests; a fast hasher keeps that from dominating the run.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    # Tests write rows inside transactions that never commit, so the shared page parts'
+    # generation would not move: off here, on in the tests of controlpanel.pagecache.
+    settings.PAGE_CACHE_SECONDS = 0
 
 
 def need(available: bool, what: str) -> None:

@@ -8,6 +8,7 @@ from django.contrib.auth.decorators import permission_required
 from django.core.paginator import Paginator
 from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.functional import SimpleLazyObject
 
 from benchmarks.forms.history import HistoryForm, RunImportForm
 from benchmarks.models import BenchmarkRun, ImportJob, RunRequestLog
@@ -22,7 +23,11 @@ def run_list(request):
     if not form.is_valid():
         return render(request, "benchmarks/run_list.html", {"form": form, "page": None}, status=400)
     runs = history.filtered_runs(form.cleaned_data)
-    page = Paginator(runs, form.cleaned_data["per_page"]).get_page(request.GET.get("page"))
+    # Read lazily: the template shares the rendered list between viewers (pagecache), and a
+    # list taken from there runs none of its queries.
+    page = SimpleLazyObject(
+        lambda: Paginator(runs, form.cleaned_data["per_page"]).get_page(request.GET.get("page"))
+    )
     query = request.GET.copy()
     query.pop("page", None)
     sorts = history.sort_links(form.cleaned_data["sort"], request.GET)

@@ -1,0 +1,109 @@
+"""Page parts that every viewer with the same permissions sees alike (the fleet's tables, the
+dashboard's cards), rendered once and shared for ``PAGE_CACHE_SECONDS`` through the cache:
+Redis in production, so every web process serves the part the first one rendered (issue 22).
+
+Why: with 500 hosts polled every second, the hosts list, the history and the dashboard cost
+20-35 ms of CPU a view, nearly all of it building the same HTML for everyone; 20 viewers
+refreshing them left no CPU for the rest. A shared part costs one cache read.
+
+What a shared part may hold: nothing of one user but what their permissions decide (the key
+has a digest of them), no CSRF token (a form that POSTs stays outside), nothing of the
+request but its path and query (in the key). The ``{% shared %}`` tag (templatetags/pagecache)
+marks such a part in a template.
+
+Freshness: the key carries a generation that every committed save or delete of a panel model
+(``post_save``/``post_delete``/``m2m_changed``, on commit) replaces, so the page an action
+redirects to shows its result at once. What changes without a model signal (telemetry's
+batched writes of the newest readings, queryset updates) shows within ``PAGE_CACHE_SECONDS``
+(1 s by default in production: the telemetry poll interval; 0, off, in embedded mode and in
+the test suite's own process).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import transaction
+
+GENERATION_KEY = "pagecache:generation"
+# Models written many times a second or per request whose rows no shared part shows: the
+# readings and points (telemetry, runs, scaling), per-request logs and tokens' last use.
+QUIET = frozenset(
+    {
+        "hosts.GpuSample",
+        "hosts.GpuSampleMinute",
+        "benchmarks.RunPoint",
+        "benchmarks.RunRequestLog",
+        "benchmarks.RunShardChunk",
+        "benchmarks.ProbeResult",
+        "scaling.EngineSample",
+        "api.ApiToken",
+    }
+)
+# The apps whose rows pages show (auth: user names in the history's filters, roles).
+WATCHED_APPS = frozenset({"hosts", "benchmarks", "changes", "scaling", "controlpanel", "auth"})
+
+
+def enabled() -> bool:
+    return settings.PAGE_CACHE_SECONDS > 0
+
+
+def generation() -> str:
+    """The current generation ("0" until the first write since the cache was empty)."""
+    return cache.get(GENERATION_KEY) or "0"
+
+
+def bump() -> None:
+    """A new generation: every shared part rendered before is not used again. A fresh random
+    value rather than a counter, so an evicted key can never bring an old generation back."""
+    cache.set(GENERATION_KEY, uuid.uuid4().hex, timeout=None)
+
+
+def model_written(sender, **kwargs) -> None:
+    """Receiver of the model signals (connected in controlpanel.apps): a write of a watched
+    model moves the generation on once its transaction commits (a reader in between would
+    otherwise cache the old rows under the new generation)."""
+    if not enabled():
+        return
+    meta = getattr(sender, "_meta", None)
+    if meta is None or meta.app_label not in WATCHED_APPS or meta.label in QUIET:
+        return
+    transaction.on_commit(bump, using=kwargs.get("using"))
+
+
+def permissions_digest(user) -> str:
+    """What decides a shared part's buttons and sections: the user's permissions (the same for
+    everyone of a role). get_all_permissions() is cached on the user for the request."""
+    if not user.is_authenticated:
+        return "anonymous"
+    names = sorted(user.get_all_permissions())
+    flags = f"{int(user.is_superuser)}{int(user.is_staff)}"
+    return hashlib.sha256("\n".join([flags, *names]).encode()).hexdigest()[:24]
+
+
+def part_key(request, name: str, vary: tuple = ()) -> str:
+    """The cache key of one shared part as ``request`` would see it."""
+    parts = [
+        name,
+        generation(),
+        permissions_digest(request.user),
+        request.get_full_path(),
+        *(str(v) for v in vary),
+    ]
+    return "pagecache:part:" + hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
+
+
+def shared(request, name: str, render, vary: tuple = ()) -> str:
+    """The HTML of part ``name`` for ``request``: from the cache, or ``render()`` stored for the
+    next viewer. Off (always rendered) when PAGE_CACHE_SECONDS is 0 or there is no request."""
+    if not enabled() or request is None or not hasattr(request, "user"):
+        return render()
+    key = part_key(request, name, vary)
+    html = cache.get(key)
+    if html is None:
+        html = render()
+        cache.set(key, str(html), timeout=settings.PAGE_CACHE_SECONDS)
+    return html

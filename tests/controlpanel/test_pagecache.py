@@ -1,0 +1,220 @@
+"""Shared page parts (controlpanel.pagecache, issue 22): the hosts list, the history and the
+dashboard's fleet cards are rendered once for every viewer of a role and reused; a committed
+write shows at once; a write without a model signal shows within PAGE_CACHE_SECONDS; what is
+one user's own (their name, their attention list, their CSRF token, buttons of their role)
+is never taken from another user's page."""
+
+from __future__ import annotations
+
+import pickle
+import re
+
+import pytest
+from django.contrib.auth.models import Group
+from django.core.cache import cache
+from django.core.cache.backends import base as cache_base
+from django.core.cache.backends import locmem
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from controlpanel import pagecache
+from hosts.models import Gpu, GpuSample, Host
+from tests.factories import make_deployment, make_finished_run, make_gpu, make_host
+
+pytestmark = pytest.mark.django_db
+
+HOSTS = reverse("hosts:list")
+HISTORY = reverse("benchmarks:list")
+DASHBOARD = reverse("dashboard")
+
+
+@pytest.fixture(autouse=True)
+def _on(settings):
+    settings.PAGE_CACHE_SECONDS = 1
+    cache.clear()
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The local-memory cache's clock, moved by hand (its expiry reads time.time())."""
+
+    class Clock:
+        now = 1_000_000.0
+
+        def time(self):
+            return self.now
+
+    fake = Clock()
+    monkeypatch.setattr(locmem, "time", fake)
+    monkeypatch.setattr(cache_base, "time", fake)
+    return fake
+
+
+def _viewer(django_user_model, name: str):
+    user = django_user_model.objects.create_user(username=name, password="pw")
+    user.groups.add(Group.objects.get(name="Viewer"))
+    return user
+
+
+def _client(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _get(client, url, **params):
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(url, params)
+    assert response.status_code == 200
+    return response.content.decode(), len(queries)
+
+
+def _host_names(html: str) -> list[str]:
+    return re.findall(r'<tr data-host="([^"]+)"', html)
+
+
+def _row(html: str, name: str) -> str:
+    return re.search(rf'<tr data-host="{name}">(.*?)</tr>', html, re.S).group(1)
+
+
+def _fleet(n: int) -> None:
+    for i in range(n):
+        host = make_host(name=f"fleet-{i:02d}")
+        make_gpu(host, last_sample={"utilization_gpu_pct": 40.0, "memory_used_bytes": 2**30})
+
+
+def _shared_parts() -> list[str]:
+    """Every shared part now in the local-memory cache, as stored."""
+    return [
+        pickle.loads(value)
+        for key, value in locmem._caches[""].items()
+        if ":pagecache:part:" in key
+    ]
+
+
+def test_a_second_viewer_of_the_role_gets_the_list_without_its_queries(django_user_model):
+    _fleet(6)
+    first, second = _viewer(django_user_model, "ada"), _viewer(django_user_model, "bob")
+    html_a, queries_a = _get(_client(first), HOSTS)
+    html_b, queries_b = _get(_client(second), HOSTS)
+    assert _host_names(html_a) == _host_names(html_b) == [f"fleet-{i:02d}" for i in range(6)]
+    # The list's own queries (hosts, GPUs, deployments, count, models) ran once.
+    assert queries_b <= queries_a - 4, (queries_a, queries_b)
+    # Each page is still the user's own outside the shared part.
+    assert "ada" in html_a and "bob" not in html_a
+    assert "bob" in html_b and "ada" not in html_b
+
+
+def test_the_cache_off_renders_every_time(settings, django_user_model):
+    settings.PAGE_CACHE_SECONDS = 0
+    _fleet(3)
+    client = _client(_viewer(django_user_model, "ada"))
+    _, first = _get(client, HOSTS)
+    _, again = _get(client, HOSTS)
+    assert again == first
+    assert _shared_parts() == []
+
+
+def test_a_role_never_gets_another_roles_buttons(viewer, operator):
+    _fleet(2)
+    as_operator, _ = _get(_client(operator), HOSTS)
+    as_viewer, _ = _get(_client(viewer), HOSTS)
+    again_operator, _ = _get(_client(operator), HOSTS)
+    assert "Add host" in as_operator and "Add host" in again_operator
+    assert "Add host" not in as_viewer
+
+
+def test_filters_and_pages_are_parts_of_their_own(viewer):
+    _fleet(3)
+    Host.objects.filter(name="fleet-01").update(status="unreachable")
+    client = _client(viewer)
+    everything, _ = _get(client, HOSTS)
+    trouble, _ = _get(client, HOSTS, status="trouble")
+    assert _host_names(everything) == ["fleet-00", "fleet-01", "fleet-02"]
+    assert _host_names(trouble) == ["fleet-01"]
+
+
+def test_a_committed_write_shows_at_once(viewer, django_capture_on_commit_callbacks):
+    _fleet(2)
+    client = _client(viewer)
+    before, _ = _get(client, HOSTS)
+    with django_capture_on_commit_callbacks(execute=True):
+        make_host(name="fleet-new")
+    after, _ = _get(client, HOSTS)
+    assert "fleet-new" not in _host_names(before)
+    assert "fleet-new" in _host_names(after)
+
+
+def test_a_write_without_a_signal_shows_within_the_cache_seconds(viewer, clock):
+    _fleet(2)
+    client = _client(viewer)
+    _get(client, HOSTS)
+    # Telemetry writes the newest readings in batches (no model signal), as .update() does.
+    Gpu.objects.update(last_sample={"utilization_gpu_pct": 97.0, "memory_used_bytes": 2**30})
+    soon, _ = _get(client, HOSTS)
+    assert "97" not in _row(soon, "fleet-00")  # still the part rendered a moment ago
+    clock.now += 1.01
+    later, _ = _get(client, HOSTS)
+    assert "97" in _row(later, "fleet-00")
+
+
+def test_quiet_models_and_rolled_back_writes_keep_the_generation(
+    viewer, django_capture_on_commit_callbacks
+):
+    host = make_host(name="fleet-a")
+    gpu = make_gpu(host)
+    with django_capture_on_commit_callbacks(execute=True):
+        pagecache.bump()
+    before = pagecache.generation()
+    with django_capture_on_commit_callbacks(execute=True):
+        GpuSample.objects.create(gpu=gpu, time=timezone.now(), utilization_pct=1.0)
+    assert pagecache.generation() == before
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        host.save()
+    assert len(callbacks) == 1  # waits for a commit that, here, never comes
+    assert pagecache.generation() == before
+    with django_capture_on_commit_callbacks(execute=True):
+        host.save()
+    assert pagecache.generation() != before
+
+
+def test_the_dashboard_shares_the_fleet_cards_but_not_the_attention_list(viewer, django_user_model):
+    _fleet(2)
+    Host.objects.filter(name="fleet-00").update(status="unreachable", last_error="refused")
+    second = _viewer(django_user_model, "bob")
+    html_a, queries_a = _get(_client(viewer), DASHBOARD)
+    html_b, queries_b = _get(_client(second), DASHBOARD)
+    assert queries_b < queries_a
+    for html in (html_a, html_b):
+        assert 'data-testid="attention-host"' in html  # each user's own list, read for them
+        assert 'data-testid="host-count">2<' in html
+
+
+def test_the_history_list_is_shared_and_keeps_its_filters(viewer, django_user_model):
+    deployment = make_deployment()
+    runs = [make_finished_run(deployment, label=f"run-{i}") for i in range(3)]
+    second = _viewer(django_user_model, "bob")
+    html_a, queries_a = _get(_client(viewer), HISTORY)
+    html_b, queries_b = _get(_client(second), HISTORY)
+    assert queries_b < queries_a
+    rows = re.findall(r'<tr data-run="(\d+)"', html_b)
+    assert sorted(int(r) for r in rows) == sorted(r.pk for r in runs)
+    only, _ = _get(_client(second), HISTORY, q="run-1")
+    assert re.findall(r'<tr data-run="(\d+)"', only) == [str(runs[1].pk)]
+
+
+def test_no_shared_part_holds_a_csrf_token_or_the_users_menu(viewer, operator):
+    _fleet(2)
+    make_finished_run(make_deployment())
+    for user in (viewer, operator):
+        client = _client(user)
+        for url in (HOSTS, HISTORY, DASHBOARD):
+            _get(client, url)
+    parts = _shared_parts()
+    assert len(parts) >= 6  # 3 pages (the dashboard in two parts) x 2 roles
+    for part in parts:
+        assert "csrfmiddlewaretoken" not in part
+        assert 'class="user"' not in part and "Log out" not in part
