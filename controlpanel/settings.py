@@ -333,6 +333,10 @@ if _env["TRUST_X_FORWARDED_PROTO"]:
 # network (/metrics still needs a token or an allowed address).
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
 SESSION_COOKIE_HTTPONLY = True
+# With Redis (production) a request reads its session from the cache; every write still goes
+# to the database, which stays the truth (the sockets' batched rechecks read it there).
+if _env["REDIS_URL"]:
+    SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
 X_FRAME_OPTIONS = "DENY"
 # Error pages (DEBUG=true) and error mails hide every secret setting and URL password.
 DEFAULT_EXCEPTION_REPORTER_FILTER = "controlpanel.redaction.SecretsExceptionReporterFilter"
@@ -438,7 +442,7 @@ METRICS_ALLOWED_ADDRESSES = _env["METRICS_ALLOWED_ADDRESSES"]
 PROMETHEUS_MULTIPROC_DIR = _env["PROMETHEUS_MULTIPROC_DIR"]
 
 # --- Channels ------------------------------------------------------------------------------
-if REDIS_URL:
+if _env["REDIS_URL"]:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",

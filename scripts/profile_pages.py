@@ -120,6 +120,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--sql", action="store_true", help="also list each page's statements with their CPU ms"
     )
+    p.add_argument("--top", type=int, default=0, help="also list the N costliest functions")
     return p.parse_args(argv)
 
 
@@ -146,7 +147,7 @@ def fill_readings() -> None:
     Gpu.objects.bulk_update(gpus, ["last_sample", "last_sample_at"], batch_size=1000)
 
 
-def profile(pages, session: str, repeat: int, show_sql: bool = False) -> None:
+def profile(pages, session: str, repeat: int, show_sql: bool = False, top: int = 0) -> None:
     from django.db import connection
     from django.test import Client
 
@@ -185,7 +186,8 @@ def profile(pages, session: str, repeat: int, show_sql: bool = False) -> None:
         for _ in range(repeat):
             client.get(url, secure=True)
         profiler.disable()
-        split = split_by_bucket(pstats.Stats(profiler).stats)
+        stats = pstats.Stats(profiler)
+        split = split_by_bucket(stats.stats)
         total = sum(split.values()) or 1.0
         order = ("database", "templates", "middleware", "figures/JSON", "other")
         shares = "  ".join(f"{k} {100 * split.get(k, 0) / total:3.0f} %" for k in order)
@@ -193,6 +195,11 @@ def profile(pages, session: str, repeat: int, show_sql: bool = False) -> None:
             f"{name:11s} {statistics.median(times):7.1f} {queries:4d} "
             f"{len(response.content) / 1024:5.0f}   {shares}"
         )
+        if top:
+            costliest = sorted(stats.stats.items(), key=lambda kv: -kv[1][3])[:top]
+            for (path, line, func), (_, _, _, cumulative, _) in costliest:
+                where = "/".join(Path(path).parts[-2:])
+                print(f"    {1000 * cumulative / repeat:6.2f} ms  {where}:{line} {func}")
 
 
 def main(args) -> int:
@@ -231,7 +238,7 @@ def main(args) -> int:
             ("history", "/benchmarks/"),
             ("run page", f"/benchmarks/{seeded['runs'][0]}/"),
         ]
-        profile(pages, seeded["sessions"][0], args.repeat, args.sql)
+        profile(pages, seeded["sessions"][0], args.repeat, args.sql, args.top)
     finally:
         from django.db import connections
 

@@ -145,3 +145,24 @@ def test_web_admission_follows_the_pool_unless_set(tmp_path):
     assert read({**production, "DATABASE_POOL_SIZE": "6"}) == "6 5.0"
     assert read(production) == "10 5.0"
     assert read({**production, "WEB_MAX_IN_FLIGHT": "3", "WEB_QUEUE_SECONDS": "1.5"}) == "3 1.5"
+
+
+def test_production_shares_page_parts_and_reads_sessions_from_redis(tmp_path):
+    show = (
+        "from django.conf import settings as s; "
+        "print(s.PAGE_CACHE_SECONDS, s.SESSION_ENGINE.rsplit('.', 1)[-1])"
+    )
+    production = {
+        "DATABASE_URL": "postgres://panel@127.0.0.1:5432/panel",
+        "REDIS_URL": "redis://127.0.0.1:6379/3",
+        "SECRET_KEY": "test-only-" + "x" * 50,
+    }
+
+    def read(env):
+        result = start_with(env, tmp_path, show)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip().splitlines()[-1]
+
+    assert read({}) == "0 db"  # embedded (no Redis): one process, nothing to share
+    assert read(production) == "1 cached_db"
+    assert read({**production, "PAGE_CACHE_SECONDS": "0"}) == "0 cached_db"

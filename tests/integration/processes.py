@@ -111,15 +111,12 @@ def use_redis_channel_layer(settings, url: str) -> None:
     }
 
 
-async def run_events(broker, run, workers, timeout: float = 120, on_event=None) -> list[dict]:
-    """Send the run's task to the started workers and listen on the run's group (as its page
-    would) until the run says it finished; ``on_event`` (async) sees each event first."""
-    from channels.layers import get_channel_layer
-
-    layer = get_channel_layer()
-    channel = await layer.new_channel()
-    await layer.group_add(f"run-{run.pk}", channel)
-    broker.send_task("benchmarks.tasks.run_benchmark", args=[run.pk])
+async def group_events(
+    layer, channel, finished, workers, what: str, timeout: float = 120, on_event=None
+) -> list[dict]:
+    """The events on ``channel`` (already in the group a page would listen on) until
+    ``finished(event)``; ``on_event`` (async) sees each event first. On time-out, fail with
+    the workers' logs."""
     events = []
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -131,7 +128,27 @@ async def run_events(broker, run, workers, timeout: float = 120, on_event=None) 
         events.append(message)
         if on_event is not None:
             await on_event(message)
-        if message["type"] == "run.status" and message["data"]["finished"]:
+        if finished(message):
             return events
     logs = "\n".join(w.output()[-3000:] for w in workers)
-    raise AssertionError("the run never finished:\n" + logs)
+    raise AssertionError(f"the {what} never finished:\n" + logs)
+
+
+async def run_events(broker, run, workers, timeout: float = 120, on_event=None) -> list[dict]:
+    """Send the run's task to the started workers and listen on the run's group (as its page
+    would) until the run says it finished; ``on_event`` (async) sees each event first."""
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(f"run-{run.pk}", channel)
+    broker.send_task("benchmarks.tasks.run_benchmark", args=[run.pk])
+    return await group_events(
+        layer,
+        channel,
+        lambda m: m["type"] == "run.status" and m["data"]["finished"],
+        workers,
+        "run",
+        timeout,
+        on_event,
+    )

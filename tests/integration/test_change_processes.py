@@ -19,7 +19,7 @@ from hosts.models import EngineConfig, EngineOperation
 from hosts.services import operations as host_operations
 from tests.factories import make_host, make_profile, make_sim_deployment
 from tests.hosts.agent.conftest import AgentProcess
-from tests.integration.processes import compose_command, use_redis_channel_layer
+from tests.integration.processes import compose_command, group_events, use_redis_channel_layer
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -116,20 +116,13 @@ async def stream(operator, change, worker, redis_url) -> list[dict]:
     ) as sent:
         await sync_to_async(change_apply.apply_change)(operator, change)
     assert sent.call_args.kwargs["time_limit"] > sent.call_args.kwargs["soft_time_limit"]
-    events = []
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 180
-    while loop.time() < deadline:
-        try:
-            message = await asyncio.wait_for(layer.receive(channel), timeout=5)
-        except TimeoutError:
-            continue
-        events.append(message)
-        if message["type"] == "change.state" and message["data"]["state"] in (
-            "applied",
-            "unverified",
-            "rolled_back",
-            "failed",
-        ):
-            return events
-    raise AssertionError("the change never finished:\n" + worker.output()[-3000:])
+    return await group_events(layer, channel, _finished, [worker], "change", timeout=180)
+
+
+def _finished(message: dict) -> bool:
+    return message["type"] == "change.state" and message["data"]["state"] in (
+        "applied",
+        "unverified",
+        "rolled_back",
+        "failed",
+    )
