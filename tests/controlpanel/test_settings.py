@@ -103,21 +103,28 @@ def test_embedded_defaults_start_and_keep_their_secret_key(tmp_path):
     assert (tmp_path / "secret_key").read_text() == key
 
 
+PRODUCTION = {
+    "DATABASE_URL": "postgres://panel@127.0.0.1:5432/panel",
+    "SECRET_KEY": "test-only-" + "x" * 50,
+}
+
+
+def shown(env: dict, tmp_path, show: str) -> str:
+    """The last line ``show`` prints with the panel's settings under ``env``."""
+    result = start_with(env, tmp_path, show)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().splitlines()[-1]
+
+
 def test_database_pool_size_pools_postgresql_connections_instead_of_keeping_them(tmp_path):
     show = (
         "import json; from django.conf import settings as s; d = s.DATABASES['default'];"
         " print(json.dumps([d['CONN_MAX_AGE'], d.get('OPTIONS', {}).get('pool')]))"
     )
-    production = {
-        "DATABASE_URL": "postgres://panel@127.0.0.1:5432/panel",
-        "DATABASE_CONN_MAX_AGE": "60",
-        "SECRET_KEY": "test-only-" + "x" * 50,
-    }
+    production = {**PRODUCTION, "DATABASE_CONN_MAX_AGE": "60"}
 
     def read(env):
-        result = start_with(env, tmp_path, show)
-        assert result.returncode == 0, result.stderr
-        return json.loads(result.stdout.strip().splitlines()[-1])
+        return json.loads(shown(env, tmp_path, show))
 
     age, pool = read({**production, "DATABASE_POOL_SIZE": "6"})
     # Django refuses a pool together with persistent connections: the pool wins.
@@ -131,15 +138,10 @@ def test_database_pool_size_pools_postgresql_connections_instead_of_keeping_them
 
 def test_web_admission_follows_the_pool_unless_set(tmp_path):
     show = "from django.conf import settings as s; print(s.WEB_MAX_IN_FLIGHT, s.WEB_QUEUE_SECONDS)"
-    production = {
-        "DATABASE_URL": "postgres://panel@127.0.0.1:5432/panel",
-        "SECRET_KEY": "test-only-" + "x" * 50,
-    }
+    production = PRODUCTION
 
     def read(env):
-        result = start_with(env, tmp_path, show)
-        assert result.returncode == 0, result.stderr
-        return result.stdout.strip().splitlines()[-1]
+        return shown(env, tmp_path, show)
 
     # One request per pooled connection: none of them waits on the pool.
     assert read({**production, "DATABASE_POOL_SIZE": "6"}) == "6 5.0"
@@ -152,16 +154,10 @@ def test_production_shares_page_parts_and_reads_sessions_from_redis(tmp_path):
         "from django.conf import settings as s; "
         "print(s.PAGE_CACHE_SECONDS, s.SESSION_ENGINE.rsplit('.', 1)[-1])"
     )
-    production = {
-        "DATABASE_URL": "postgres://panel@127.0.0.1:5432/panel",
-        "REDIS_URL": "redis://127.0.0.1:6379/3",
-        "SECRET_KEY": "test-only-" + "x" * 50,
-    }
+    production = {**PRODUCTION, "REDIS_URL": "redis://127.0.0.1:6379/3"}
 
     def read(env):
-        result = start_with(env, tmp_path, show)
-        assert result.returncode == 0, result.stderr
-        return result.stdout.strip().splitlines()[-1]
+        return shown(env, tmp_path, show)
 
     assert read({}) == "0 db"  # embedded (no Redis): one process, nothing to share
     assert read(production) == "1 cached_db"
