@@ -83,15 +83,17 @@
       if (basis && signals.pending_basis) basis.textContent = signals.pending_basis;
       const age = root.querySelector("[data-signal-age]");
       if (age) age.dataset.at = String(signals.at);
+      showAge(); // at once: "No signals yet" must not outlive the first signals by a second
     }
 
     // The age of the newest signals, counted here between events.
-    setInterval(function () {
+    function showAge() {
       const age = root.querySelector("[data-signal-age]");
       if (!age || !age.dataset.at) return;
       const seconds = Math.max(0, Date.now() / 1000 - Number(age.dataset.at));
       age.textContent = "Signals read " + seconds.toFixed(0) + " s ago";
-    }, 1000);
+    }
+    setInterval(showAge, 1000);
 
     root.addEventListener("live:deployment.signals", function (event) {
       const data = event.detail;
