@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from benchmarks.models import BenchmarkRun
+from benchmarks.models import RUN_DOCUMENTS, BenchmarkRun
 from changes import rules, rules_sweeps
 from changes.choices import ChangeState, SweepState
 from changes.models import ChangeRequest, Finding
@@ -28,6 +28,9 @@ from hosts.services.fleet_list import NOT_SHOWN, TROUBLED
 RECENT_DAYS = 7
 SHOWN = 10  # per list: the page links on to the full lists
 SERIOUS = ("critical", "warning")
+# The rows name a deployment and its host: the host's credentials (decrypted per row when
+# read) and larger JSON stay in the database (they were most of the dashboard's CPU).
+HOST_NOT_SHOWN = tuple(f"deployment__host__{name}" for name in NOT_SHOWN)
 REVIEW_FIELDS = (
     "state",
     "title",
@@ -112,7 +115,9 @@ def attention(user) -> Attention:
         found.failed_runs = list(
             BenchmarkRun.objects.filter(
                 requested_by=user, status=OperationStatus.FAILED, created_at__gte=since
-            ).select_related("deployment__host")[:SHOWN]
+            )
+            .select_related("deployment__host")
+            .defer(*RUN_DOCUMENTS, *HOST_NOT_SHOWN)[:SHOWN]
         )
     if user.has_perm("changes.view_changerequest"):
         found.failed_changes = list(
@@ -120,14 +125,17 @@ def attention(user) -> Attention:
                 proposed_by=user,
                 state__in=(ChangeState.FAILED, ChangeState.ROLLED_BACK),
                 finished_at__gte=since,
-            ).select_related("deployment__host")[:SHOWN]
+            )
+            .select_related("deployment__host")
+            .defer(*HOST_NOT_SHOWN)[:SHOWN]
         )
     if user.has_perm("changes.view_finding"):
         findings = list(
             Finding.objects.active()
             .filter(severity__in=SERIOUS)
             .worst_first()
-            .select_related("deployment__host")[:SHOWN]
+            .select_related("deployment__host")
+            .defer(*HOST_NOT_SHOWN)[:SHOWN]
         )
         for finding in findings:
             finding.badge = BADGES.get(finding.severity, "grey")

@@ -4,6 +4,8 @@ approve, never their own) and the dashboard's "needs my attention" card."""
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -176,3 +178,44 @@ def test_attention_takes_a_bounded_number_of_queries(
     # The navigation's two counts: the two lists once per page, whatever the rows.
     with django_assert_max_num_queries(8):
         client.get(reverse("benchmarks:profiles"))
+
+
+def test_attention_rows_leave_the_hosts_credentials_in_the_database(approver, operator):
+    """Each host's credentials are decrypted when read: the card's rows never read them (nor
+    the runs' JSON documents), and showing the card reads nothing more."""
+    deployment = _deployment()
+    _change(deployment, approver, state="failed", finished_at=timezone.now())
+    make_run(deployment, requested_by=approver, status="failed")
+    _finding(deployment, "critical")
+    found = attention(approver)
+    rows = [*found.failed_runs, *found.failed_changes, *found.findings]
+    assert len(rows) == 3
+    for row in rows:
+        assert {"agent_token", "ssh_private_key"} <= row.deployment.host.get_deferred_fields()
+    assert "summary" in found.failed_runs[0].get_deferred_fields()
+
+
+def test_the_card_reads_no_deferred_field(client, approver):
+    """A deferred field read by the template would cost a query per row: 4 rows and 10 rows of
+    each kind cost the same."""
+
+    def add(names):
+        for name in names:
+            deployment = _deployment(name=name)
+            _change(deployment, approver, state="failed", finished_at=timezone.now())
+            make_run(deployment, requested_by=approver, status="failed")
+            _finding(deployment, "critical")
+
+    def queries() -> int:
+        client.get(reverse("dashboard"))  # warm: the first view reads the session etc.
+        with CaptureQueriesContext(connection) as captured:
+            html = client.get(reverse("dashboard")).content.decode()
+        return len(captured), html.count('data-testid="attention-failed-run"')
+
+    client.force_login(approver)
+    add(f"d{n}" for n in range(4))
+    four, shown = queries()
+    assert shown == 4
+    add(f"d{n}" for n in range(4, 10))
+    ten, shown = queries()
+    assert shown == 10 and ten == four
