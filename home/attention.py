@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import cached_property
 
 from django.utils import timezone
 
@@ -29,7 +30,7 @@ RECENT_DAYS = 7
 SHOWN = 10  # per list: the page links on to the full lists
 SERIOUS = ("critical", "warning")
 # The rows name a deployment and its host: the host's credentials (decrypted per row when
-# read) and larger JSON stay in the database (they were most of the dashboard's CPU).
+# read) and larger JSON stay in the database; nothing on the card shows them.
 HOST_NOT_SHOWN = tuple(f"deployment__host__{name}" for name in NOT_SHOWN)
 REVIEW_FIELDS = (
     "state",
@@ -81,36 +82,49 @@ def reviews_waiting(user) -> tuple[list[ChangeRequest], list[Sweep]]:
 
 @dataclass
 class Attention:
-    """The dashboard's "needs my attention" card."""
+    """The dashboard's "needs my attention" card: the user's own lists, read at once, and the
+    fleet's (serious findings, hosts in trouble), the same for everyone who may see them,
+    read only when the card's shared part is rendered (controlpanel.pagecache)."""
 
+    user: object = None
     changes: list = field(default_factory=list)
     sweeps: list = field(default_factory=list)
     failed_runs: list = field(default_factory=list)
     failed_changes: list = field(default_factory=list)
-    findings: list = field(default_factory=list)
-    hosts: list = field(default_factory=list)
-    hosts_more: int = 0  # troubled hosts past the first SHOWN: the hosts list has them all
     days: int = RECENT_DAYS
+
+    @cached_property
+    def _fleet(self) -> tuple[list, list, int]:
+        return fleet_attention(self.user)
+
+    @property
+    def findings(self) -> list:
+        return self._fleet[0]
+
+    @property
+    def hosts(self) -> list:
+        return self._fleet[1]
+
+    @property
+    def hosts_more(self) -> int:
+        """Troubled hosts past the first SHOWN: the hosts list has them all."""
+        return self._fleet[2]
+
+    @property
+    def own_empty(self) -> bool:
+        return not any((self.changes, self.sweeps, self.failed_runs, self.failed_changes))
 
     @property
     def empty(self) -> bool:
-        return not any(
-            (
-                self.changes,
-                self.sweeps,
-                self.failed_runs,
-                self.failed_changes,
-                self.findings,
-                self.hosts,
-            )
-        )
+        return self.own_empty and not (self.findings or self.hosts)
 
 
 def attention(user) -> Attention:
-    """Everything on the card, each list the first SHOWN rows (a bounded number of queries)."""
+    """The user's own lists, each the first SHOWN rows (a bounded number of queries); the
+    fleet's lists are read when first used."""
     since = timezone.now() - timedelta(days=RECENT_DAYS)
     changes, sweeps = reviews_waiting(user)
-    found = Attention(changes=changes[:SHOWN], sweeps=sweeps[:SHOWN])
+    found = Attention(user=user, changes=changes[:SHOWN], sweeps=sweeps[:SHOWN])
     if user.has_perm("benchmarks.view_benchmarkrun"):
         found.failed_runs = list(
             BenchmarkRun.objects.filter(
@@ -129,6 +143,14 @@ def attention(user) -> Attention:
             .select_related("deployment__host")
             .defer(*HOST_NOT_SHOWN)[:SHOWN]
         )
+    return found
+
+
+def fleet_attention(user) -> tuple[list, list, int]:
+    """The fleet's serious findings (if ``user`` may see findings), its hosts in trouble (a
+    red status badge: unreachable, credentials refused, ...; the hosts list's
+    ``?status=trouble``) and how many more of those there are than SHOWN."""
+    findings = []
     if user.has_perm("changes.view_finding"):
         findings = list(
             Finding.objects.active()
@@ -139,11 +161,7 @@ def attention(user) -> Attention:
         )
         for finding in findings:
             finding.badge = BADGES.get(finding.severity, "grey")
-        found.findings = findings
-    # In trouble: a red status badge (unreachable, credentials refused, ...), the hosts list's
-    # ``?status=trouble``.
     troubled = Host.objects.filter(status__in=TROUBLED).defer(*NOT_SHOWN).order_by("name")
-    found.hosts = list(troubled[:SHOWN])
+    hosts = list(troubled[:SHOWN])
     # Counted always, not only when the list is full: the same queries whatever the fleet.
-    found.hosts_more = max(troubled.count() - SHOWN, 0)
-    return found
+    return findings, hosts, max(troubled.count() - SHOWN, 0)

@@ -1,8 +1,9 @@
-"""``{% shared "name" [vary ...] %} ... {% endshared %}``: a part of a page every viewer with
-the same permissions sees alike, rendered once and reused for PAGE_CACHE_SECONDS (see
-controlpanel.pagecache for what such a part may hold and how it stays fresh). The view hands
-the part's data over lazily (querysets, callables), so a part read from the cache runs none
-of its queries."""
+"""``{% shared "name" [vary ...] [as var] %} ... {% endshared %}``: a part of a page every
+viewer with the same permissions sees alike, rendered once and reused for PAGE_CACHE_SECONDS
+(see controlpanel.pagecache for what such a part may hold and how it stays fresh). The view
+hands the part's data over lazily (querysets, callables), so a part read from the cache runs
+none of its queries. With ``as var`` the part is not written out but kept in ``var`` (for a
+page that decides around it, such as whether anything is listed at all)."""
 
 from django import template
 from django.utils.safestring import mark_safe
@@ -13,8 +14,8 @@ register = template.Library()
 
 
 class SharedNode(template.Node):
-    def __init__(self, nodelist, name, vary):
-        self.nodelist, self.name, self.vary = nodelist, name, vary
+    def __init__(self, nodelist, name, vary, target=None):
+        self.nodelist, self.name, self.vary, self.target = nodelist, name, vary, target
 
     def render(self, context):
         name = self.name.resolve(context)
@@ -23,7 +24,11 @@ class SharedNode(template.Node):
             context.get("request"), name, lambda: self.nodelist.render(context), vary
         )
         # What is stored is this node's own output, already escaped where it had to be.
-        return mark_safe(html)  # noqa: S308 - the template's own escaped output
+        html = mark_safe(html)  # noqa: S308 - the template's own escaped output
+        if self.target:
+            context[self.target] = html
+            return ""
+        return html
 
 
 @register.tag("shared")
@@ -31,8 +36,14 @@ def do_shared(parser, token):
     bits = token.split_contents()
     if len(bits) < 2:
         raise template.TemplateSyntaxError("'shared' takes the part's name")
+    target = None
+    if len(bits) >= 4 and bits[-2] == "as":
+        target, bits = bits[-1], bits[:-2]
     nodelist = parser.parse(("endshared",))
     parser.delete_first_token()
     return SharedNode(
-        nodelist, parser.compile_filter(bits[1]), [parser.compile_filter(b) for b in bits[2:]]
+        nodelist,
+        parser.compile_filter(bits[1]),
+        [parser.compile_filter(b) for b in bits[2:]],
+        target,
     )

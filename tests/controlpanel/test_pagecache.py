@@ -218,3 +218,21 @@ def test_no_shared_part_holds_a_csrf_token_or_the_users_menu(viewer, operator):
     for part in parts:
         assert "csrfmiddlewaretoken" not in part
         assert 'class="user"' not in part and "Log out" not in part
+
+
+def test_the_attention_card_keeps_each_users_own_rows(viewer, approver, django_user_model):
+    deployment = make_deployment()
+    make_finished_run(deployment, requested_by=approver, status="failed")
+    second = _viewer(django_user_model, "bob")
+    mine, _ = _get(_client(approver), DASHBOARD)
+    theirs, _ = _get(_client(viewer), DASHBOARD)
+    assert 'data-testid="attention-failed-run"' in mine
+    assert 'data-testid="attention-empty"' not in mine
+    assert 'data-testid="attention-failed-run"' not in theirs
+    assert 'data-testid="attention-empty"' in theirs
+    # A host in trouble is the fleet's: once written (committed), every viewer's card has it.
+    Host.objects.filter(pk=deployment.host_id).update(status="unreachable")
+    pagecache.bump()
+    again, _ = _get(_client(second), DASHBOARD)
+    assert 'data-testid="attention-host"' in again
+    assert 'data-testid="attention-empty"' not in again
