@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import math
+from functools import cache
 
 from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.functional import SimpleLazyObject
+from django.utils.html import json_script
 from django.views.decorators.http import require_POST
 
 from benchmarks.forms.runs import RunForm
-from benchmarks.models import BenchmarkRun, LoadProfile, RunRequestLog
+from benchmarks.models import RUN_DOCUMENTS, BenchmarkRun, LoadProfile, RunRequestLog
 from benchmarks.services import runs as services
 from benchmarks.services.results import (
     LATENCY_COLUMNS,
@@ -25,6 +28,7 @@ from benchmarks.services.timeline import (
     BACKFILL_PAGE,
     points_after,
 )
+from hosts.credentials import SECRET_FIELDS
 
 PARTS = {
     "results": "benchmarks/_run_results.html",
@@ -58,9 +62,25 @@ def run_new(request):
 
 @permission_required("benchmarks.view_benchmarkrun", raise_exception=True)
 def run_detail(request, pk):
-    run = _run(pk)
-    points, _ = points_after(run)
-    return render(request, "benchmarks/run_detail.html", {**_context(run), "points": points})
+    """A running run's page is read whole; a finished one's never changes, so its body is a
+    shared part (pagecache): the header reads the run without its documents, and the body's
+    data (documents, points, the previous run, ...) is read only when the part is rendered."""
+    run = _run(pk, documents=False)
+    if not run.is_finished:
+        run = _run(pk)  # all of it: the page is live and not shared
+        points, _ = points_after(run)
+        return render(request, "benchmarks/run_detail.html", {**_context(run), "points": points})
+    full = cache(lambda: _run(pk))
+    body = cache(lambda: _context(full()))
+    points = cache(lambda: points_after(full())[0])
+    context = {
+        **{key: SimpleLazyObject(lambda key=key: body()[key]) for key in BODY_KEYS},
+        "run": run,
+        "full_run": SimpleLazyObject(full),
+        "points": SimpleLazyObject(points),
+        "points_script": lambda: json_script(points(), "run-points"),
+    }
+    return render(request, "benchmarks/run_detail.html", context)
 
 
 @permission_required("benchmarks.view_benchmarkrun", raise_exception=True)
@@ -113,13 +133,29 @@ def run_cancel(request, pk):
     return redirect(run)
 
 
-def _run(pk) -> BenchmarkRun:
-    return get_object_or_404(
-        BenchmarkRun.objects.select_related(
-            "deployment__host", "load_profile", "engine_config", "requested_by"
-        ),
-        pk=pk,
-    )
+def _run(pk, documents: bool = True) -> BenchmarkRun:
+    """The run with what its page names; without ``documents`` its JSON documents (but the
+    load override the heading shows) stay in the database. Never the host's credentials."""
+    runs = BenchmarkRun.objects.select_related(
+        "deployment__host", "load_profile", "engine_config", "requested_by"
+    ).defer(*(f"deployment__host__{name}" for name in SECRET_FIELDS))
+    if not documents:
+        runs = runs.defer(*(name for name in RUN_DOCUMENTS if name != "load_override"))
+    return get_object_or_404(runs, pk=pk)
+
+
+# What _context() gives the run page's body.
+BODY_KEYS = (
+    "previous",
+    "stages",
+    "server",
+    "errors",
+    "causes",
+    "latencies",
+    "latency_columns",
+    "has_log",
+    "shards",
+)
 
 
 def _context(run: BenchmarkRun) -> dict:

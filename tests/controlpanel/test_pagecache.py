@@ -236,3 +236,20 @@ def test_the_attention_card_keeps_each_users_own_rows(viewer, approver, django_u
     again, _ = _get(_client(second), DASHBOARD)
     assert 'data-testid="attention-host"' in again
     assert 'data-testid="attention-empty"' not in again
+
+
+def test_a_finished_runs_body_is_shared_and_a_running_ones_is_not(viewer, django_user_model):
+    deployment = make_deployment()
+    finished = make_finished_run(deployment)
+    running = make_finished_run(deployment, status="running", finished_at=None)
+    second = _viewer(django_user_model, "bob")
+    url = finished.get_absolute_url()
+    html_a, queries_a = _get(_client(viewer), url)
+    html_b, queries_b = _get(_client(second), url)
+    assert 'data-testid="run-results"' in html_a and 'data-testid="run-results"' in html_b
+    assert 'id="run-points"' in html_b
+    assert queries_b < queries_a
+    assert len(_shared_parts()) == 1
+    _get(_client(viewer), running.get_absolute_url())
+    _get(_client(second), running.get_absolute_url())
+    assert len(_shared_parts()) == 1  # a live page is read whole every time
