@@ -247,8 +247,12 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.LoginRequiredMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    # Last, as django-axes requires: turns a locked-out login into the lockout page (429).
+    # Last but the pass-through below, as django-axes requires: turns a locked-out login
+    # into the lockout page (429).
     "axes.middleware.AxesMiddleware",
+    # Innermost and sync-only: the chain above runs as sync code in one thread under ASGI
+    # instead of hopping threads at every middleware method (controlpanel.onethread).
+    "controlpanel.onethread.OneThreadMiddleware",
 ]
 
 ROOT_URLCONF = "controlpanel.urls"

@@ -50,7 +50,11 @@ def test_defaults_lock_accounts_and_addresses_with_a_cool_off():
     assert panel_settings.AXES_FAILURE_LIMIT == 5
     assert panel_settings.LOGIN_ADDRESS_FAILURE_LIMIT == 20
     assert panel_settings.AXES_COOLOFF_TIME == timedelta(minutes=15)
-    assert "axes.middleware.AxesMiddleware" == settings.MIDDLEWARE[-1]
+    # Last but the pass-through that keeps the chain in one thread (controlpanel.onethread).
+    assert settings.MIDDLEWARE[-2:] == [
+        "axes.middleware.AxesMiddleware",
+        "controlpanel.onethread.OneThreadMiddleware",
+    ]
 
 
 def test_account_is_locked_after_failures_from_any_address(client, operator):
