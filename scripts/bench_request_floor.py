@@ -68,12 +68,8 @@ async def load(base: str, path: str, clients: int, seconds: float) -> int:
 
 def main(args) -> int:
     import httpx
-    import psycopg
 
-    database = f"request_floor_{os.getpid()}"
-    admin = f"{args.database_url}/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{database}"')
+    database = benchkit.create_database(args.database_url, "request_floor")
     env = benchkit.panel_env(
         f"{args.database_url}/{database}",
         args.redis_url,
@@ -116,8 +112,7 @@ def main(args) -> int:
         if server is not None:
             server.terminate()
             server.wait(timeout=20)
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        benchkit.drop_database(args.database_url, database)
     return 0
 
 

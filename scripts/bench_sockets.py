@@ -63,7 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--interval", type=float, default=1.0, help="seconds between a group's events")
     p.add_argument("--gpus", type=int, default=8, help="GPUs in each telemetry event")
     p.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432")
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
     p.add_argument("--out", default="", help="publisher's log (publish role)")
     p.add_argument("--groups", default="", help="JSON file of groups (publish role)")
     return p.parse_args(argv)
@@ -331,12 +331,8 @@ def report(args, state, log, expected, connected, rss_before, rss_after, procs, 
 
 
 def main(args) -> int:
-    import psycopg
 
-    database = f"bench_sockets_{os.getpid()}"
-    admin = f"{args.database_url}/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{database}"')
+    database = benchkit.create_database(args.database_url, "bench_sockets")
     var_dir = tempfile.mkdtemp(prefix="bench-sockets-")
     env = panel_env(args, database, var_dir)
     procs: list[subprocess.Popen] = []
@@ -403,8 +399,7 @@ def main(args) -> int:
                 p.wait(20)
             except subprocess.TimeoutExpired:
                 p.kill()
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        benchkit.drop_database(args.database_url, database)
     return 0
 
 

@@ -375,13 +375,9 @@ def samples_per_s(env: dict, seconds: float = 10.0) -> float:
 
 
 def main(args) -> int:
-    import psycopg
     import redis
 
-    database = f"bench_web_{os.getpid()}"
-    admin = f"{args.database_url}/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{database}"')
+    database = benchkit.create_database(args.database_url, "bench_web")
     var_dir = tempfile.mkdtemp(prefix="bench-web-")
     env = panel_env(args, database, var_dir)
     redis.Redis.from_url(args.redis_url).flushdb()  # this benchmark's db only
@@ -437,8 +433,7 @@ def main(args) -> int:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        benchkit.drop_database(args.database_url, database)
         print(f"logs in {var_dir}")
     return 0
 

@@ -33,6 +33,25 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
+def create_database(server_url: str, prefix: str) -> str:
+    """A fresh PostgreSQL database ``<prefix>_<pid>`` on ``server_url`` (no database name in
+    it); returns its name. drop_database() removes it when the benchmark ends."""
+    import psycopg
+
+    name = f"{prefix}_{os.getpid()}"
+    with psycopg.connect(f"{server_url}/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return name
+
+
+def drop_database(server_url: str, name: str) -> None:
+    """Drop a benchmark's database, whatever connections its processes left open."""
+    import psycopg
+
+    with psycopg.connect(f"{server_url}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def panel_env(database_url: str, redis_url: str, var_dir: str, name: str, **more: str) -> dict:
     """The environment the panel's processes run with, as docker-compose.yml sets it:
     production settings (DEBUG off) on ``database_url`` and ``redis_url``, a throwaway

@@ -203,12 +203,8 @@ def profile(pages, session: str, repeat: int, show_sql: bool = False, top: int =
 
 
 def main(args) -> int:
-    import psycopg
 
-    database = f"profile_pages_{os.getpid()}"
-    admin = f"{args.database_url}/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{database}"')
+    database = benchkit.create_database(args.database_url, "profile_pages")
     var_dir = tempfile.mkdtemp(prefix="profile-pages-")
     env = benchkit.panel_env(
         f"{args.database_url}/{database}", args.redis_url, var_dir, "profile-pages", HTTPS="true"
@@ -243,8 +239,7 @@ def main(args) -> int:
         from django.db import connections
 
         connections.close_all()
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        benchkit.drop_database(args.database_url, database)
     return 0
 
 
