@@ -65,8 +65,10 @@ def bump() -> None:
 def model_written(sender, **kwargs) -> None:
     """Receiver of the model signals (connected in controlpanel.apps): a write of a watched
     model moves the generation on once its transaction commits (a reader in between would
-    otherwise cache the old rows under the new generation)."""
-    if not enabled():
+    otherwise cache the old rows under the new generation). Whenever the cache is shared
+    (production, Redis), whatever this process's own PAGE_CACHE_SECONDS: a worker started
+    with the parts off still writes rows the web processes show."""
+    if not (enabled() or settings.REDIS_URL):
         return
     meta = getattr(sender, "_meta", None)
     if meta is None or meta.app_label not in WATCHED_APPS or meta.label in QUIET:

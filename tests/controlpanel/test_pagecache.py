@@ -253,3 +253,21 @@ def test_a_finished_runs_body_is_shared_and_a_running_ones_is_not(viewer, django
     _get(_client(viewer), running.get_absolute_url())
     _get(_client(second), running.get_absolute_url())
     assert len(_shared_parts()) == 1  # a live page is read whole every time
+
+
+def test_a_process_with_the_parts_off_still_moves_the_shared_generation(
+    settings, django_capture_on_commit_callbacks
+):
+    """A Celery worker started with PAGE_CACHE_SECONDS=0 writes rows the web processes show
+    from the shared cache: its writes still replace the generation."""
+    settings.PAGE_CACHE_SECONDS = 0
+    settings.REDIS_URL = "redis://127.0.0.1:6379/0"  # what production sets; not contacted here
+    before = pagecache.generation()
+    with django_capture_on_commit_callbacks(execute=True):
+        make_host(name="written-by-a-worker")
+    assert pagecache.generation() != before
+    settings.REDIS_URL = None  # embedded: nothing is shared, nothing to move
+    before = pagecache.generation()
+    with django_capture_on_commit_callbacks(execute=True):
+        make_host(name="embedded")
+    assert pagecache.generation() == before
