@@ -17,11 +17,19 @@ redirects to shows its result at once. What changes without a model signal (tele
 batched writes of the newest readings, queryset updates) shows within ``PAGE_CACHE_SECONDS``
 (1 s by default in production: the telemetry poll interval; 0, off, in embedded mode and in
 the test suite's own process).
+
+One render per expiry: when a part's seconds are up, the first viewer to ask renders it anew
+and the viewers asking meanwhile get the copy it replaces, for at most ``RENDER_GRACE_SECONDS``
+more. Without that every request in flight rendered the same part at once (measured with
+scripts/bench_web.py: ~3 renders of each part per expiry at 50 views/s, a quarter of the web
+tier's CPU). A part whose generation is new (a write) has no copy to serve: it is rendered
+by whoever asks, so a write still shows at once.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 
 from django.conf import settings
@@ -29,12 +37,17 @@ from django.core.cache import cache
 from django.db import transaction
 
 GENERATION_KEY = "pagecache:generation"
+# How long past its PAGE_CACHE_SECONDS an expired part may still be served while another
+# viewer renders it: the longest a render takes on a loaded machine, and the bound on how late
+# a part can be if the process rendering it dies.
+RENDER_GRACE_SECONDS = 3
 # Models written many times a second or per request whose rows no shared part shows: the
 # readings and points (telemetry, runs, scaling), per-request logs and tokens' last use.
 QUIET = frozenset(
     {
         "hosts.GpuSample",
         "hosts.GpuSampleMinute",
+        "hosts.GpuSampleHour",
         "benchmarks.RunPoint",
         "benchmarks.RunRequestLog",
         "benchmarks.RunShardChunk",
@@ -49,6 +62,12 @@ WATCHED_APPS = frozenset({"hosts", "benchmarks", "changes", "scaling", "controlp
 
 def enabled() -> bool:
     return settings.PAGE_CACHE_SECONDS > 0
+
+
+def generation_is_shared() -> bool:
+    """Whether committed writes move the generation (``model_written``): the shared parts
+    are on, or the cache is Redis, shared with the worker processes that write too."""
+    return enabled() or bool(settings.REDIS_URL)
 
 
 def generation() -> str:
@@ -68,7 +87,7 @@ def model_written(sender, **kwargs) -> None:
     otherwise cache the old rows under the new generation). Whenever the cache is shared
     (production, Redis), whatever this process's own PAGE_CACHE_SECONDS: a worker started
     with the parts off still writes rows the web processes show."""
-    if not (enabled() or settings.REDIS_URL):
+    if not generation_is_shared():
         return
     meta = getattr(sender, "_meta", None)
     if meta is None or meta.app_label not in WATCHED_APPS or meta.label in QUIET:
@@ -104,8 +123,22 @@ def shared(request, name: str, render, vary: tuple = ()) -> str:
     if not enabled() or request is None or not hasattr(request, "user"):
         return render()
     key = part_key(request, name, vary)
-    html = cache.get(key)
-    if html is None:
-        html = render()
-        cache.set(key, str(html), timeout=settings.PAGE_CACHE_SECONDS)
+    stored = cache.get(key)  # (html, fresh until), kept RENDER_GRACE_SECONDS past that
+    rendering = key.replace(":part:", ":rendering:", 1)
+    if stored is not None:
+        html, fresh_until = stored
+        if time.time() < fresh_until:
+            return html
+        # Expired: whoever takes the render lock renders; the rest serve this copy meanwhile.
+        if not cache.add(rendering, 1, timeout=RENDER_GRACE_SECONDS):
+            return html
+    else:
+        rendering = None
+    try:
+        html = str(render())
+        seconds = settings.PAGE_CACHE_SECONDS
+        cache.set(key, (html, time.time() + seconds), timeout=seconds + RENDER_GRACE_SECONDS)
+    finally:
+        if rendering:
+            cache.delete(rendering)
     return html

@@ -130,6 +130,7 @@ def _read():
         "TELEMETRY_INTERVAL": env_float("TELEMETRY_INTERVAL_SECONDS", 1.0, minimum=0),
         "TELEMETRY_RAW_MINUTES": env_int("TELEMETRY_RAW_RETENTION_MINUTES", 60, minimum=1),
         "TELEMETRY_MINUTE_DAYS": env_int("TELEMETRY_MINUTE_RETENTION_DAYS", 30, minimum=1),
+        "TELEMETRY_HOUR_DAYS": env_int("TELEMETRY_HOUR_RETENTION_DAYS", 400, minimum=1),
         "TELEMETRY_SHARDS": env_int("TELEMETRY_SHARDS", 0, minimum=0),
         "TELEMETRY_POLL_CONNECTIONS": env_int("TELEMETRY_POLL_CONNECTIONS", 100, minimum=1),
         "TELEMETRY_BATCH_DEADLINE": env_float("TELEMETRY_BATCH_DEADLINE", 0.7, minimum=0),
@@ -243,6 +244,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # A logged-in user's permissions from the cache while no role changed (controlpanel.permcache).
+    "controlpanel.permcache.PermissionCacheMiddleware",
     # Every page needs a login unless its view is marked @login_not_required.
     "django.contrib.auth.middleware.LoginRequiredMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -399,10 +402,11 @@ SPECTACULAR_SETTINGS = {
 # Bad tokens from one address before it gets 429 for the rest of the window (api.auth).
 API_TOKEN_FAILURE_LIMIT = 20
 API_TOKEN_FAILURE_WINDOW = 600  # seconds
-# The throttle's counters: shared by every process through Redis when there is one.
+# The throttle's counters, sessions and shared page parts: shared by every process through
+# Redis when there is one (one client and connection pool per process: controlpanel.rediscache).
 CACHES = {
     "default": (
-        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _env["REDIS_URL"]}
+        {"BACKEND": "controlpanel.rediscache.SharedRedisCache", "LOCATION": _env["REDIS_URL"]}
         if _env["REDIS_URL"]
         else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
     )
@@ -472,6 +476,7 @@ PANEL_ENCRYPTION_KEYS = _env["ENCRYPTION_KEYS"]
 TELEMETRY_INTERVAL = _env["TELEMETRY_INTERVAL"]
 TELEMETRY_RAW_RETENTION_MINUTES = _env["TELEMETRY_RAW_MINUTES"]
 TELEMETRY_MINUTE_RETENTION_DAYS = _env["TELEMETRY_MINUTE_DAYS"]
+TELEMETRY_HOUR_RETENTION_DAYS = _env["TELEMETRY_HOUR_DAYS"]
 # Fleet scale (hosts.services.telemetry_fleet): 0 polls every host from one task on threads
 # (a small fleet); N >= 1 makes beat's poll enqueue N shard tasks a second, each polling its
 # hosts (id % N) concurrently and storing them in batches. Connections: per shard at once.

@@ -32,7 +32,7 @@ from hosts.credentials import CredentialBinding
 from hosts.engines.launch import LaunchConfig, Placement
 
 # Re-exported: telemetry rows live in their own module, named from here as before.
-from hosts.models_telemetry import GpuSample, GpuSampleMinute  # noqa: F401
+from hosts.models_telemetry import GpuSample, GpuSampleHour, GpuSampleMinute  # noqa: F401
 
 # Re-exported: the migrations name the validators by this module.
 from hosts.validators import (  # noqa: F401

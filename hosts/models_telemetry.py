@@ -1,7 +1,7 @@
-"""Telemetry rows: 1-second GPU samples and their 1-minute aggregates.
+"""Telemetry rows: 1-second GPU samples and their 1-minute and 1-hour aggregates.
 
-A module of its own so ``hosts.models`` stays readable; ``hosts.models`` re-exports both
-classes, so ``from hosts.models import GpuSample`` keeps working everywhere."""
+A module of its own so ``hosts.models`` stays readable; ``hosts.models`` re-exports them
+so ``from hosts.models import GpuSample`` keeps working everywhere."""
 
 from __future__ import annotations
 
@@ -51,13 +51,10 @@ class GpuSample(models.Model):
         return f"{self.gpu} @ {self.time:%H:%M:%S}"
 
 
-class GpuSampleMinute(models.Model):
-    """One minute of a GPU's telemetry, aggregated from the 1-second samples; kept
-    ``TELEMETRY_MINUTE_RETENTION_DAYS`` (30 by default), the source of the 24 h and 7 d
-    charts."""
+class GpuAggregate(models.Model):
+    """What a minute or an hour of a GPU's telemetry keeps: averages, extremes and counts of
+    its 1-second samples (the columns ``GpuSampleMinute`` and ``GpuSampleHour`` share)."""
 
-    gpu = models.ForeignKey("hosts.Gpu", on_delete=models.CASCADE, related_name="minutes")
-    minute = models.DateTimeField()
     samples = models.PositiveIntegerField()
     utilization_avg = models.FloatField(null=True)
     utilization_max = models.FloatField(null=True)
@@ -90,6 +87,18 @@ class GpuSampleMinute(models.Model):
     throttle_power_brake = models.PositiveIntegerField(default=0)
 
     class Meta:
+        abstract = True
+
+
+class GpuSampleMinute(GpuAggregate):
+    """One minute of a GPU's telemetry, aggregated from the 1-second samples; kept
+    ``TELEMETRY_MINUTE_RETENTION_DAYS`` (30 by default), the source of the 24 h and 7 d
+    charts."""
+
+    gpu = models.ForeignKey("hosts.Gpu", on_delete=models.CASCADE, related_name="minutes")
+    minute = models.DateTimeField()
+
+    class Meta:
         app_label = "hosts"
         ordering = ["gpu", "minute"]
         constraints = [
@@ -99,6 +108,24 @@ class GpuSampleMinute(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gpu} @ {self.minute:%Y-%m-%d %H:%M}"
+
+
+class GpuSampleHour(GpuAggregate):
+    """One hour of a GPU's telemetry, folded from its minutes (averages weighted by each
+    minute's samples); kept ``TELEMETRY_HOUR_RETENTION_DAYS`` (400 by default), the source
+    of the 30 d and 1 y charts. 24 rows a GPU a day where the minutes are 1,440."""
+
+    gpu = models.ForeignKey("hosts.Gpu", on_delete=models.CASCADE, related_name="hours")
+    hour = models.DateTimeField()
+
+    class Meta:
+        app_label = "hosts"
+        ordering = ["gpu", "hour"]
+        constraints = [models.UniqueConstraint(fields=["gpu", "hour"], name="gpusamplehour_unique")]
+        indexes = [models.Index(fields=["hour"])]
+
+    def __str__(self) -> str:
+        return f"{self.gpu} @ {self.hour:%Y-%m-%d %H:00}"
 
 
 # --- the pollers' GPU maps -------------------------------------------------------------------

@@ -63,7 +63,9 @@ def parse_args(argv=None):
     p.add_argument("--viewers", type=int, default=20)
     p.add_argument("--seconds", type=float, default=30.0, help="each measuring window")
     p.add_argument("--warmup", type=float, default=5.0)
-    p.add_argument("--rate", type=float, default=100.0, help="open-loop page views/s")
+    p.add_argument(
+        "--rate", type=float, default=100.0, help="open-loop page views/s (0: closed loop only)"
+    )
     p.add_argument("--hosts", type=int, default=20, help="hosts with a deployment (history)")
     p.add_argument("--runs", type=int, default=200)
     p.add_argument("--changes", type=int, default=100)
@@ -311,7 +313,7 @@ def measure_tier(args, env, seeded, workers: int, background: list[int]) -> dict
         # Every worker process compiles its templates and opens its connections first.
         asyncio.run(closed_loop(base, sessions, pages, args.viewers, args.warmup))
         print(f"\nWEB_CONCURRENCY={workers} (load before {os.getloadavg()[0]:.1f})")
-        for label, run in (
+        windows = [
             (
                 f"closed loop, {args.viewers} viewers",
                 lambda: (closed_loop(base, sessions, pages, args.viewers, args.seconds), None),
@@ -320,7 +322,8 @@ def measure_tier(args, env, seeded, workers: int, background: list[int]) -> dict
                 f"open loop at {args.rate:.0f}/s",
                 lambda: (open_loop(base, sessions, pages, args.rate, args.seconds), "open"),
             ),
-        ):
+        ]
+        for label, run in windows if args.rate > 0 else windows[:1]:
             coro, kind = run()
             web0, bg0, pg0 = cpu_seconds([tier.pid]), cpu_seconds(background), postgres_cpu()
             me0 = time.process_time()

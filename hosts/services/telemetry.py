@@ -31,6 +31,7 @@ from hosts.models import (
     EngineOperation,
     Gpu,
     GpuSample,
+    GpuSampleHour,
     GpuSampleMinute,
     Host,
     clock_events,
@@ -329,16 +330,18 @@ def _close_interrupted(operation: EngineOperation, state: dict, host_pk: int) ->
 
 # --- downsampling ------------------------------------------------------------------------------
 def downsample_telemetry(now: datetime | None = None) -> dict:
-    """Fold 1-second samples into 1-minute aggregates, then forget what is past retention:
-    raw samples after ``TELEMETRY_RAW_RETENTION_MINUTES``, minutes after
-    ``TELEMETRY_MINUTE_RETENTION_DAYS``. Idempotent: a minute is recomputed, not added twice.
+    """Fold 1-second samples into 1-minute aggregates and whole hours of minutes into 1-hour
+    ones (``hosts.services.telemetry_hours``), then forget what is past retention: raw
+    samples after ``TELEMETRY_RAW_RETENTION_MINUTES``, minutes after
+    ``TELEMETRY_MINUTE_RETENTION_DAYS`` (once in an hour), hours after
+    ``TELEMETRY_HOUR_RETENTION_DAYS``. Idempotent: a minute is recomputed, not added twice.
 
     What is folded: everything since the newest stored minute (inclusive: late samples of
     that minute) and nothing of the minute still filling. After a pause of the scheduler
     this picks up the backlog, so raw rows are never deleted unaggregated. On PostgreSQL the
     roll-up is one ``INSERT … SELECT … GROUP BY`` and the deletes go in bounded chunks
     (``hosts.services.telemetry_sql``)."""
-    from hosts.services import telemetry_sql
+    from hosts.services import telemetry_hours, telemetry_sql
 
     now = now or timezone.now()
     this_minute = now.replace(second=0, microsecond=0)
@@ -346,12 +349,20 @@ def downsample_telemetry(now: datetime | None = None) -> dict:
     aggregated = telemetry_sql.roll_up(newest, this_minute)
     raw_cutoff = now - timedelta(minutes=settings.TELEMETRY_RAW_RETENTION_MINUTES)
     raw_deleted = telemetry_sql.delete_before(GpuSample, "time", min(raw_cutoff, this_minute))
+    hours = telemetry_hours.roll_up_hours(now)
     minute_cutoff = now - timedelta(days=settings.TELEMETRY_MINUTE_RETENTION_DAYS)
-    minutes_deleted = telemetry_sql.delete_before(GpuSampleMinute, "minute", minute_cutoff)
+    folded = telemetry_hours.folded_until()  # never a minute that is in no hour yet
+    minutes_deleted = telemetry_sql.delete_before(
+        GpuSampleMinute, "minute", minute_cutoff if folded is None else min(minute_cutoff, folded)
+    )
+    hour_cutoff = now - timedelta(days=settings.TELEMETRY_HOUR_RETENTION_DAYS)
+    hours_deleted = telemetry_sql.delete_before(GpuSampleHour, "hour", hour_cutoff)
     return {
         "aggregated": aggregated,
+        "hours": hours,
         "raw_deleted": raw_deleted,
         "minutes_deleted": minutes_deleted,
+        "hours_deleted": hours_deleted,
     }
 
 

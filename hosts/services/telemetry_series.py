@@ -3,7 +3,8 @@
 A window (a named range ending now, or a zoomed start..end) is read from the finest store that
 still covers it: the 1-second samples while the window lies within their retention
 (``TELEMETRY_RAW_RETENTION_MINUTES``: 10 min and 1 h by default), else the 1-minute
-aggregates (24 h, 7 d). Buckets are sized so a series has at most ``MAX_POINTS`` points, and
+aggregates (24 h, 7 d) while it lies within theirs and its buckets are under an hour, else
+the 1-hour aggregates (30 d, 1 y). Buckets are sized so a series has at most ``MAX_POINTS`` points, and
 the rows are grouped by bucket in SQL: one query for every GPU and every series, however many
 rows the window holds. Values per bucket: utilisation, power and clocks are averages, memory
 and temperature maxima (what an operator looks for), throttle reasons the share of samples
@@ -20,7 +21,7 @@ from django.conf import settings
 from django.db.models import Avg, Count, Func, IntegerField, Max, Min, Sum
 from django.utils import timezone
 
-from hosts.models import GpuSample, GpuSampleMinute, Host
+from hosts.models import GpuSample, GpuSampleHour, GpuSampleMinute, Host
 from hosts.models_telemetry import THROTTLE_REASONS
 from hosts.services.telemetry import reason_count
 
@@ -29,6 +30,8 @@ RANGES = {
     "1h": timedelta(hours=1),
     "24h": timedelta(hours=24),
     "7d": timedelta(days=7),
+    "30d": timedelta(days=30),
+    "1y": timedelta(days=365),
 }
 MAX_POINTS = 600
 MIN_WINDOW = timedelta(seconds=10)  # a zoom narrower than this shows nothing useful
@@ -36,6 +39,7 @@ EMPTY = {
     "raw": "no samples in this window yet: the panel reads the host's GPUs every second "
     "while the host is online",
     "minute": "no minute aggregates in this window yet: they are written every minute",
+    "hour": "no hourly aggregates in this window yet: each hour is written once it has ended",
 }
 
 
@@ -45,7 +49,7 @@ class BadSeriesRequest(ValueError):
 
 @dataclass(frozen=True)
 class Window:
-    """What to read: ``start``..``end``, from ``source`` ("raw" or "minute") in buckets of
+    """What to read: ``start``..``end``, from ``source`` ("raw", "minute" or "hour") in buckets of
     ``bucket_s`` seconds."""
 
     start: datetime
@@ -56,7 +60,7 @@ class Window:
 
 
 def window_for_request(params, now: datetime | None = None) -> Window:
-    """The window the charts ask for: ``?range=10m|1h|24h|7d`` (10m when absent) or a zoom
+    """The window the charts ask for: ``?range=10m|1h|24h|7d|30d|1y`` (10m when absent) or a zoom
     ``?start=&end=`` in ms since the epoch; raises ``BadSeriesRequest`` with the reason."""
     now = now or timezone.now()
     if params.get("start") or params.get("end"):
@@ -71,7 +75,10 @@ def window_for_request(params, now: datetime | None = None) -> Window:
             raise BadSeriesRequest(
                 "the window must be at least 10 seconds long, ending after it starts"
             )
-        return choose_window(max(start, now - RANGES["7d"]), end, now)
+        oldest = now - timedelta(days=settings.TELEMETRY_HOUR_RETENTION_DAYS)
+        if end - max(start, oldest) < MIN_WINDOW:
+            raise BadSeriesRequest("the window lies before the oldest telemetry kept")
+        return choose_window(max(start, oldest), end, now)
     name = params.get("range") or "10m"
     if name not in RANGES:
         raise BadSeriesRequest(f"range must be one of {', '.join(RANGES)} (got {name!r})")
@@ -85,7 +92,10 @@ def choose_window(start: datetime, end: datetime, now: datetime, name=None) -> W
     raw_kept = timedelta(minutes=settings.TELEMETRY_RAW_RETENTION_MINUTES)
     if start >= now - raw_kept:
         return Window(start, end, "raw", bucket, name)
-    return Window(start, end, "minute", 60 * math.ceil(bucket / 60), name)
+    minutes_kept = timedelta(days=settings.TELEMETRY_MINUTE_RETENTION_DAYS)
+    if start >= now - minutes_kept and bucket < 3600:
+        return Window(start, end, "minute", 60 * math.ceil(bucket / 60), name)
+    return Window(start, end, "hour", 3600 * math.ceil(bucket / 3600), name)
 
 
 def host_series(host: Host, window: Window) -> dict:
@@ -201,25 +211,26 @@ def _bucket_rows(gpu_ids: list[int], window: Window):
             },
         )
     else:
-        rows = GpuSampleMinute.objects.filter(
-            gpu_id__in=gpu_ids, minute__gte=window.start, minute__lte=window.end
+        model, column = (
+            (GpuSampleMinute, "minute") if window.source == "minute" else (GpuSampleHour, "hour")
         )
-        column, aggregates = (
-            "minute",
-            {
-                "util": Avg("utilization_avg"),
-                "mem": Max("memory_used_max"),
-                "power": Avg("power_avg"),
-                "power_limit": Max("power_limit_max"),
-                "temp": Max("temperature_max"),
-                "sm": Avg("sm_clock_avg"),
-                "mem_clock": Avg("mem_clock_avg"),
-                "tx": Avg("pcie_tx_avg"),
-                "rx": Avg("pcie_rx_avg"),
-                "reported": Sum("reason_samples"),
-                **{f"r_{key}": Sum(f"throttle_{key}") for key, _bit, _words in THROTTLE_REASONS},
-            },
+        rows = model.objects.filter(
+            gpu_id__in=gpu_ids,
+            **{f"{column}__gte": window.start, f"{column}__lte": window.end},
         )
+        aggregates = {
+            "util": Avg("utilization_avg"),
+            "mem": Max("memory_used_max"),
+            "power": Avg("power_avg"),
+            "power_limit": Max("power_limit_max"),
+            "temp": Max("temperature_max"),
+            "sm": Avg("sm_clock_avg"),
+            "mem_clock": Avg("mem_clock_avg"),
+            "tx": Avg("pcie_tx_avg"),
+            "rx": Avg("pcie_rx_avg"),
+            "reported": Sum("reason_samples"),
+            **{f"r_{key}": Sum(f"throttle_{key}") for key, _bit, _words in THROTTLE_REASONS},
+        }
     return (
         rows.annotate(bucket=EpochBucket(column, origin, window.bucket_s))
         .values("gpu_id", "bucket")

@@ -9,8 +9,8 @@
 (function () {
   "use strict";
   const MAX_POINTS = 600; // ten minutes at one sample a second
-  const RANGE_WORDS = { "10m": "last 10 min", "1h": "last hour", "24h": "last 24 h", "7d": "last 7 days" };
-  const SOURCE_WORDS = { raw: "1-second samples", minute: "minute aggregates" };
+  const RANGE_WORDS = { "10m": "last 10 min", "1h": "last hour", "24h": "last 24 h", "7d": "last 7 days", "30d": "last 30 days", "1y": "last year" };
+  const SOURCE_WORDS = { raw: "1-second samples", minute: "minute aggregates", hour: "hourly aggregates" };
   const CONFIG = { displayModeBar: false, responsive: true };
 
   document.addEventListener("DOMContentLoaded", function () {
@@ -102,7 +102,7 @@
         return "Zoomed: " + SOURCE_WORDS[data.source] + " in " + data.bucket_s + " s buckets" + (data.empty ? " — " + data.empty : "");
       }
       if (data.empty) return RANGE_WORDS[state.range] + ": " + data.empty;
-      const bucket = data.bucket_s >= 60 ? data.bucket_s / 60 + " min" : data.bucket_s + " s";
+      const bucket = data.bucket_s >= 3600 ? data.bucket_s / 3600 + " h" : data.bucket_s >= 60 ? data.bucket_s / 60 + " min" : data.bucket_s + " s";
       return RANGE_WORDS[state.range] + " from " + SOURCE_WORDS[data.source] + (data.bucket_s > 1 ? " (" + bucket + " buckets)" : "") + (state.range === "10m" ? ", live" : "");
     }
 

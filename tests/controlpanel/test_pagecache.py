@@ -10,12 +10,12 @@ import pickle
 import re
 
 import pytest
-from django.contrib.auth.models import Group
+from django.contrib.auth.models import AnonymousUser, Group
 from django.core.cache import cache
 from django.core.cache.backends import base as cache_base
 from django.core.cache.backends import locmem
 from django.db import connection
-from django.test import Client
+from django.test import Client, RequestFactory
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
@@ -50,6 +50,7 @@ def clock(monkeypatch):
     fake = Clock()
     monkeypatch.setattr(locmem, "time", fake)
     monkeypatch.setattr(cache_base, "time", fake)
+    monkeypatch.setattr(pagecache, "time", fake)
     return fake
 
 
@@ -89,7 +90,7 @@ def _fleet(n: int) -> None:
 def _shared_parts() -> list[str]:
     """Every shared part now in the local-memory cache, as stored."""
     return [
-        pickle.loads(value)
+        pickle.loads(value)[0]  # (html, fresh until)
         for key, value in locmem._caches[""].items()
         if ":pagecache:part:" in key
     ]
@@ -271,3 +272,57 @@ def test_a_process_with_the_parts_off_still_moves_the_shared_generation(
     with django_capture_on_commit_callbacks(execute=True):
         make_host(name="embedded")
     assert pagecache.generation() == before
+
+
+def _anonymous(path="/fleet"):
+    request = RequestFactory().get(path)
+    request.user = AnonymousUser()
+    return request
+
+
+def test_an_expired_part_is_rendered_once_while_the_others_serve_its_last_copy(clock):
+    request, renders = _anonymous(), []
+
+    def render(text):
+        return lambda: renders.append(text) or text
+
+    assert pagecache.shared(request, "p", render("v1")) == "v1"
+    assert pagecache.shared(request, "p", render("v2")) == "v1"  # fresh: no render
+    clock.now += 1.01
+    lock = pagecache.part_key(request, "p").replace(":part:", ":rendering:")
+    assert cache.add(lock, 1)  # another viewer is rendering the expired part
+    assert pagecache.shared(request, "p", render("v3")) == "v1"  # its last copy meanwhile
+    cache.delete(lock)
+    assert pagecache.shared(request, "p", render("v4")) == "v4"  # this viewer renders it
+    assert cache.get(lock) is None  # and lets the next expiry's renderer in
+    assert pagecache.shared(request, "p", render("v5")) == "v4"
+    assert renders == ["v1", "v4"]
+
+
+def test_an_old_copy_is_never_served_past_the_grace_nor_across_a_write(
+    clock, django_capture_on_commit_callbacks
+):
+    request = _anonymous()
+    pagecache.shared(request, "p", lambda: "old")
+    lock = pagecache.part_key(request, "p").replace(":part:", ":rendering:")
+    cache.add(lock, 1, timeout=60)  # a render that never finishes (its process died)
+    clock.now += 1 + pagecache.RENDER_GRACE_SECONDS + 0.01
+    assert pagecache.shared(request, "p", lambda: "new") == "new"
+    # A committed write: a new generation, a new key with no copy to serve, lock or not.
+    with django_capture_on_commit_callbacks(execute=True):
+        make_host(name="written")
+    cache.add(pagecache.part_key(request, "p").replace(":part:", ":rendering:"), 1)
+    assert pagecache.shared(request, "p", lambda: "after the write") == "after the write"
+
+
+def test_a_failed_render_lets_the_next_viewer_render(clock):
+    request = _anonymous()
+    pagecache.shared(request, "p", lambda: "v1")
+    clock.now += 1.01
+
+    def broken():
+        raise RuntimeError("the database went away")
+
+    with pytest.raises(RuntimeError):
+        pagecache.shared(request, "p", broken)
+    assert pagecache.shared(request, "p", lambda: "v2") == "v2"

@@ -60,6 +60,13 @@ def test_telemetry_charts_ranges_and_zoom(panel, browser):
     assert "minute aggregates" in page.get_by_test_id("telemetry-status").inner_text()
     assert page.get_by_test_id("range-24h").get_attribute("aria-pressed") == "true"
 
+    # A month comes from the hourly aggregates (none yet on a fleet started a minute ago).
+    with page.expect_request(lambda r: "/telemetry/?range=30d" in r.url, timeout=20000):
+        page.get_by_test_id("range-30d").click()
+    page.wait_for_selector(f"{ROOT}[data-range='30d'][data-source=hour]:not([data-loading])")
+    status = page.get_by_test_id("telemetry-status").inner_text()
+    assert "last 30 days" in status and "hourly aggregates" in status, status
+
     with page.expect_request(lambda r: "/telemetry/?range=1h" in r.url, timeout=20000):
         page.get_by_test_id("range-1h").click()
     page.wait_for_selector(f"{ROOT}[data-range='1h'][data-source=raw]:not([data-loading])")

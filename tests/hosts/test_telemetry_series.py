@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.urls import reverse
 
-from hosts.models import GpuSample, GpuSampleMinute
+from hosts.models import GpuSample, GpuSampleHour, GpuSampleMinute
 from hosts.models_telemetry import THROTTLE_REASONS
 from hosts.services import telemetry, telemetry_series
 from tests.factories import make_gpu, make_host
@@ -85,12 +85,18 @@ def test_ranges_pick_their_store_and_bucket_size(settings):
     assert (w["1h"].source, w["1h"].bucket_s) == ("raw", 6)
     assert (w["24h"].source, w["24h"].bucket_s) == ("minute", 180)
     assert (w["7d"].source, w["7d"].bucket_s) == ("minute", 1020)
+    assert (w["30d"].source, w["30d"].bucket_s) == ("hour", 7200)
+    assert (w["1y"].source, w["1y"].bucket_s) == ("hour", 15 * 3600)
     for window in w.values():
         span = (window.end - window.start).total_seconds()
         assert span / window.bucket_s <= telemetry_series.MAX_POINTS
     # Raw samples kept only half an hour: the hour comes from the minutes.
     settings.TELEMETRY_RAW_RETENTION_MINUTES = 30
     assert telemetry_series.window_for_request({"range": "1h"}, NOW).source == "minute"
+    # Minutes kept three days: a week comes from the hours.
+    settings.TELEMETRY_MINUTE_RETENTION_DAYS = 3
+    seven = telemetry_series.window_for_request({"range": "7d"}, NOW)
+    assert (seven.source, seven.bucket_s) == ("hour", 3600)
     assert telemetry_series.window_for_request({}, NOW).range == "10m"
 
 
@@ -105,6 +111,15 @@ def test_a_zoomed_window_reads_the_finest_store_that_holds_it(settings):
         {"start": ms(NOW - timedelta(hours=30)), "end": ms(NOW - timedelta(hours=20))}, NOW
     )
     assert (old.source, old.bucket_s) == ("minute", 60)
+    months = telemetry_series.window_for_request(
+        {"start": ms(NOW - timedelta(days=90)), "end": ms(NOW - timedelta(days=60))}, NOW
+    )
+    assert (months.source, months.bucket_s) == ("hour", 7200)
+    settings.TELEMETRY_HOUR_RETENTION_DAYS = 30
+    with pytest.raises(telemetry_series.BadSeriesRequest, match="before the oldest"):
+        telemetry_series.window_for_request(
+            {"start": ms(NOW - timedelta(days=90)), "end": ms(NOW - timedelta(days=60))}, NOW
+        )
     for bad in (
         {"start": "x", "end": ms(NOW)},
         {"start": ms(NOW)},
@@ -217,7 +232,7 @@ def test_a_bad_range_or_window_is_a_400_that_says_why(client, viewer):
     url = reverse("hosts:telemetry", args=[host.pk])
     response = client.get(url, {"range": "2y"})
     assert response.status_code == 400
-    assert response.json()["error"] == "range must be one of 10m, 1h, 24h, 7d (got '2y')"
+    assert response.json()["error"] == "range must be one of 10m, 1h, 24h, 7d, 30d, 1y (got '2y')"
     response = client.get(url, {"start": "soon", "end": "later"})
     assert response.status_code == 400 and "milliseconds" in response.json()["error"]
     assert client.get(url, {"range": "7d"}).status_code == 200
@@ -231,6 +246,7 @@ def test_queries_do_not_grow_with_gpus(client, viewer, gpus, django_assert_max_n
         gpu = make_gpu(host)
         GpuSample.objects.bulk_create(sample(gpu, now - timedelta(seconds=s)) for s in range(1, 30))
         GpuSampleMinute.objects.create(gpu=gpu, minute=now - timedelta(hours=2), samples=60)
+        GpuSampleHour.objects.create(gpu=gpu, hour=now - timedelta(hours=3), samples=3600)
     client.force_login(viewer)
     url = reverse("hosts:telemetry", args=[host.pk])
     for name in telemetry_series.RANGES:

@@ -1,0 +1,63 @@
+"""A logged-in user's permissions read from the shared cache instead of the database on every
+request (issue 22).
+
+Every page asks ``user.has_perm`` (the navigation, the view's own check, the shared parts'
+key): Django's ModelBackend answers from two queries a request (the user's own permissions and
+their groups'), about 9 % of the web tier's CPU under load (py-spy, scripts/bench_web.py).
+They change only when an account, a role or a group's permissions are written, and every such
+write moves the shared parts' generation (``controlpanel.pagecache``: auth is a watched app,
+``m2m_changed`` included). So the set ModelBackend computed is kept in the cache with the
+generation it was read under, and used only while that generation is still current: a role
+taken away shows on the next request, as before. Only where the generation moves in every
+process (``pagecache.generation_is_shared``); otherwise ModelBackend reads as it always did.
+
+Kept per user and superuser flag. An inactive user never gets here (``auth.get_user`` logs
+them out), and ModelBackend itself answers for anything asked about an object.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.auth import SESSION_KEY
+from django.contrib.auth.backends import ModelBackend
+from django.core.cache import cache
+from django.utils.deprecation import MiddlewareMixin
+
+from controlpanel import pagecache
+
+BACKEND = "django.contrib.auth.backends.ModelBackend"
+TIMEOUT = 3600  # seconds; the generation decides freshness, this only bounds the memory
+
+
+def key(user) -> str:
+    return f"permcache:{user.pk}:{int(user.is_superuser)}"
+
+
+def warm(user) -> bool:
+    """Give ``user`` (a ModelBackend user of this request) its permission set from the cache,
+    or read it and store it there. Returns whether the cache had it."""
+    got = cache.get_many([pagecache.GENERATION_KEY, key(user)])
+    generation = got.get(pagecache.GENERATION_KEY) or "0"
+    stored = got.get(key(user))
+    if stored is not None and stored[0] == generation:
+        user._perm_cache = stored[1]  # where ModelBackend.get_all_permissions keeps its set
+        return True
+    perms = ModelBackend().get_all_permissions(user)
+    cache.set(key(user), (generation, set(perms)), timeout=TIMEOUT)
+    return False
+
+
+class PermissionCacheMiddleware(MiddlewareMixin):
+    """After AuthenticationMiddleware: a logged-in user's permissions from the cache. A
+    MiddlewareMixin like Django's own, so it runs in whichever mode the chain runs."""
+
+    def process_request(self, request):
+        if (
+            pagecache.generation_is_shared()
+            and BACKEND in settings.AUTHENTICATION_BACKENDS
+            # Only a session with a login (no user row read for anyone else).
+            and SESSION_KEY in request.session
+            and request.user.is_authenticated
+            and request.user.is_active
+        ):
+            warm(request.user)
