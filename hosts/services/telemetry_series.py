@@ -4,9 +4,9 @@ A window (a named range ending now, or a zoomed start..end) is read from the fin
 still covers it: the 1-second samples while the window lies within their retention
 (``TELEMETRY_RAW_RETENTION_MINUTES``: 10 min and 1 h by default), else the 1-minute
 aggregates (24 h, 7 d) while it lies within theirs and its buckets are under an hour, else
-the 1-hour aggregates (30 d, 1 y). Buckets are sized so a series has at most ``MAX_POINTS`` points, and
-the rows are grouped by bucket in SQL: one query for every GPU and every series, however many
-rows the window holds. Values per bucket: utilisation, power and clocks are averages, memory
+the 1-hour aggregates (30 d, 1 y). Buckets are sized so a series has at most ``MAX_POINTS``
+points, and the rows are grouped by bucket in SQL: one query for every GPU and every series,
+however many rows the window holds. Values per bucket: utilisation, power and clocks are averages, memory
 and temperature maxima (what an operator looks for), throttle reasons the share of samples
 with each reason active, PCIe the average throughput in MB/s.
 """
