@@ -6,9 +6,9 @@ still covers it: the 1-second samples while the window lies within their retenti
 aggregates (24 h, 7 d) while it lies within theirs and its buckets are under an hour, else
 the 1-hour aggregates (30 d, 1 y). Buckets are sized so a series has at most ``MAX_POINTS``
 points, and the rows are grouped by bucket in SQL: one query for every GPU and every series,
-however many rows the window holds. Values per bucket: utilisation, power and clocks are averages, memory
-and temperature maxima (what an operator looks for), throttle reasons the share of samples
-with each reason active, PCIe the average throughput in MB/s.
+however many rows the window holds. Values per bucket: utilisation, power and clocks are
+averages, memory and temperature maxima (what an operator looks for), throttle reasons the
+share of samples with each reason active, PCIe the average throughput in MB/s.
 """
 
 from __future__ import annotations
