@@ -18,7 +18,7 @@ A backlog (the first run on an existing database, a scheduler that was stopped) 
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db.models import Case, F, FloatField, Max, Min, Sum, When
 from django.db.models.functions import TruncHour
@@ -73,7 +73,8 @@ def hour_aggregates(start: datetime, end: datetime) -> list[GpuSampleHour]:
     }
     rows = (
         GpuSampleMinute.objects.filter(minute__gte=start, minute__lt=end)
-        .annotate(h=TruncHour("minute"))
+        # Hours of UTC: a TIME_ZONE half an hour off would otherwise cut hours at :30.
+        .annotate(h=TruncHour("minute", tzinfo=UTC))
         .values("gpu_id", "h")
         .annotate(
             **{f"a_{name}": Sum(name) for name in COUNTS},

@@ -127,3 +127,12 @@ def test_thirty_days_are_charted_from_the_hours(client, viewer):
     assert s["throttle"]["sw_thermal"] == [0.25, 0.25]
     window = telemetry_series.window_for_request({"range": "1y"})
     assert window.source == "hour"
+
+
+def test_hours_are_hours_of_utc_whatever_the_panels_time_zone(settings):
+    settings.TIME_ZONE = "Asia/Kolkata"  # UTC+5:30: its hours begin at :30 UTC
+    gpu = make_gpu(make_host())
+    minute(gpu, H + timedelta(minutes=10), utilization_avg=10.0)
+    minute(gpu, H + timedelta(minutes=50), utilization_avg=30.0)
+    hours = telemetry_hours.hour_aggregates(H, H + timedelta(hours=1))
+    assert [(h.hour, h.utilization_avg) for h in hours] == [(H, 20.0)]
