@@ -1,5 +1,5 @@
-"""A logged-in user's permissions read from the shared cache instead of the database on every
-request (issue 22).
+"""A logged-in user's permissions (and role names) read from the shared cache instead of the
+database on every request (issue 22).
 
 Every page asks ``user.has_perm`` (the navigation, the view's own check, the shared parts'
 key): Django's ModelBackend answers from two queries a request (the user's own permissions and
@@ -24,6 +24,7 @@ from django.core.cache import cache
 from django.utils.deprecation import MiddlewareMixin
 
 from controlpanel import pagecache
+from controlpanel.roles import role_names
 
 BACKEND = "django.contrib.auth.backends.ModelBackend"
 TIMEOUT = 3600  # seconds; the generation decides freshness, this only bounds the memory
@@ -40,10 +41,11 @@ def warm(user) -> bool:
     generation = got.get(pagecache.GENERATION_KEY) or "0"
     stored = got.get(key(user))
     if stored is not None and stored[0] == generation:
-        user._perm_cache = stored[1]  # where ModelBackend.get_all_permissions keeps its set
+        # Where ModelBackend.get_all_permissions and roles.role_names keep what they read.
+        user._perm_cache, user._role_names = stored[1], stored[2]
         return True
     perms = ModelBackend().get_all_permissions(user)
-    cache.set(key(user), (generation, set(perms)), timeout=TIMEOUT)
+    cache.set(key(user), (generation, set(perms), role_names(user)), timeout=TIMEOUT)
     return False
 
 

@@ -100,10 +100,15 @@ def sync_roles_after_migrate(sender, **kwargs):
 
 
 def role_names(user) -> list[str]:
-    """The role names a user holds, for display; superusers count as Admin."""
+    """The role names a user holds, for display; superusers count as Admin. Read once per
+    user object (``controlpanel.permcache`` hands them over with the permissions)."""
     if not user.is_authenticated:
         return []
     if user.is_superuser:
         return [ADMIN.name]
-    known = {role.name for role in ROLES}
-    return [name for name in user.groups.values_list("name", flat=True) if name in known]
+    if not hasattr(user, "_role_names"):
+        known = {role.name for role in ROLES}
+        user._role_names = [
+            name for name in user.groups.values_list("name", flat=True) if name in known
+        ]
+    return user._role_names

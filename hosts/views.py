@@ -9,6 +9,7 @@ from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.functional import SimpleLazyObject
+from django.utils.html import json_script
 from django.views.decorators.http import require_POST
 
 from hosts.choices import OperationKind
@@ -64,7 +65,11 @@ def _page_note(asked: str | None, page) -> str:
 def host_detail(request, pk):
     host = get_object_or_404(Host, pk=pk)
     context = _context(host)
-    context["telemetry"] = _recent_samples(host, timezone.now() - BACKFILL)
+    # Called only when the shared part is rendered: a viewer served the stored part reads none
+    # of the 10 minutes of samples.
+    context["telemetry_script"] = lambda: json_script(
+        _recent_samples(host, timezone.now() - BACKFILL), "telemetry-data"
+    )
     return render(request, "hosts/host_detail.html", context)
 
 

@@ -19,7 +19,8 @@ Production mode as ``docker-compose.yml`` runs it, on this machine:
    with that ``WEB_CONCURRENCY`` and measures:
 
    a. closed loop: ``--viewers`` concurrent viewers, each fetching the main pages (dashboard,
-      hosts list, host page, history, run page) one after the other with no think time for
+      hosts list, host page — of a polled host with ``--fleet`` — history, run page) one
+      after the other with no think time for
       ``--seconds``: page views/s the tier sustains and p50/p95/p99 per page;
    b. open loop at ``--rate`` page views/s (arrivals on a fixed schedule, each page fetched
       when due whatever is still in flight): whether the tier keeps that rate and its p95.
@@ -123,6 +124,10 @@ def seed(args) -> None:
     )
     if args.fleet:
         out["fleet_gpus"] = benchkit.create_fleet(args.fleet, args.gpus, args.base_port, args.token)
+        # The host page viewed is a polled one: its GPUs' last 10 minutes are on the page.
+        from hosts.models import Host
+
+        out["host"] = Host.objects.get(name="fleet-0000").pk
     cookies = []
     for i in range(args.viewers):
         user = User.objects.create_user(username=f"bench-viewer-{i}", password=None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pickle
 import re
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import AnonymousUser, Group
@@ -210,12 +211,13 @@ def test_the_history_list_is_shared_and_keeps_its_filters(viewer, django_user_mo
 def test_no_shared_part_holds_a_csrf_token_or_the_users_menu(viewer, operator):
     _fleet(2)
     make_finished_run(make_deployment())
+    host = Host.objects.get(name="fleet-00")
     for user in (viewer, operator):
         client = _client(user)
-        for url in (HOSTS, HISTORY, DASHBOARD):
+        for url in (HOSTS, HISTORY, DASHBOARD, reverse("hosts:detail", args=[host.pk])):
             _get(client, url)
     parts = _shared_parts()
-    assert len(parts) >= 6  # 3 pages (the dashboard in two parts) x 2 roles
+    assert len(parts) >= 8  # 4 pages (the dashboard in two parts) x 2 roles
     for part in parts:
         assert "csrfmiddlewaretoken" not in part
         assert 'class="user"' not in part and "Log out" not in part
@@ -326,3 +328,22 @@ def test_a_failed_render_lets_the_next_viewer_render(clock):
     with pytest.raises(RuntimeError):
         pagecache.shared(request, "p", broken)
     assert pagecache.shared(request, "p", lambda: "v2") == "v2"
+
+
+def test_a_hosts_recent_samples_are_read_once_for_every_viewer(viewer, django_user_model):
+    host = make_host(name="polled")
+    gpu = make_gpu(host)
+    now = timezone.now()
+    GpuSample.objects.bulk_create(
+        GpuSample(gpu=gpu, time=now - timedelta(seconds=s), utilization_pct=61.5)
+        for s in range(1, 20)
+    )
+    url = reverse("hosts:detail", args=[host.pk])
+    first, _ = _get(_client(viewer), url)
+    with CaptureQueriesContext(connection) as queries:
+        second = _client(_viewer(django_user_model, "bob")).get(url).content.decode()
+    assert not [q for q in queries if "hosts_gpusample" in q["sql"]]
+    script = 'id="telemetry-data"'
+    assert script in first and first.count("61.5") == second.count("61.5") > 0
+    # The page's forms (CSRF tokens) stay each viewer's own.
+    assert "csrfmiddlewaretoken" not in "".join(_shared_parts())

@@ -32,7 +32,10 @@ def _shared(settings):
 def _get(client, url):
     with CaptureQueriesContext(connection) as queries:
         response = client.get(url)
-    permission_reads = [q["sql"] for q in queries if "auth_permission" in q["sql"]]
+    # The permissions' tables, and the groups' (role names) the permissions don't join.
+    permission_reads = [
+        q["sql"] for q in queries if "auth_permission" in q["sql"] or "auth_user_groups" in q["sql"]
+    ]
     return response.status_code, permission_reads
 
 
@@ -48,6 +51,8 @@ def test_the_second_view_reads_no_permission_tables(viewer):
     assert status == 200 and reads  # read once and stored
     status, reads = _get(client, HOSTS)
     assert status == 200 and reads == []
+    assert cache.get(permcache.key(viewer))[2] == ["Viewer"]  # the role names shown
+    assert "Viewer" in client.get(HOSTS).content.decode()
 
 
 def test_a_role_taken_away_shows_on_the_next_request(viewer, django_capture_on_commit_callbacks):
