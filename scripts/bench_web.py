@@ -52,6 +52,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import benchkit  # noqa: E402 - after the path it is found on
 from benchkit import cpu_model, pct  # noqa: E402
 
+from controlpanel import webserver  # noqa: E402 - no Django import: only the command line
+
 PYTHON = sys.executable
 
 PAGE_NAMES = ("dashboard", "hosts list", "host page", "history", "run page")
@@ -300,7 +302,9 @@ def wait_http(port: int, proc: subprocess.Popen, deadline_s: float = 120.0) -> N
     raise SystemExit(f"the web tier on port {port} did not answer in {deadline_s:.0f} s")
 
 
-def measure_tier(args, env, seeded, workers: int, background: list[int]) -> dict:
+def measure_tier(args, env, seeded, workers: int, background: list[int], fleet: list[int]) -> dict:
+    """``background``: the panel's worker and beat; ``fleet``: the simulated agents (in
+    production they run on the GPU hosts, not beside the panel)."""
     base = f"http://127.0.0.1:{args.port}"
     tier = subprocess.Popen(
         [PYTHON, "-m", "controlpanel.webserver"],
@@ -317,7 +321,10 @@ def measure_tier(args, env, seeded, workers: int, background: list[int]) -> dict
         wait_http(args.port, tier)
         # Every worker process compiles its templates and opens its connections first.
         asyncio.run(closed_loop(base, sessions, pages, args.viewers, args.warmup))
-        print(f"\nWEB_CONCURRENCY={workers} (load before {os.getloadavg()[0]:.1f})")
+        print(
+            f"\nWEB_CONCURRENCY={workers}, WEB_NICE={webserver.web_nice(env)}"
+            f" (load before {os.getloadavg()[0]:.1f})"
+        )
         windows = [
             (
                 f"closed loop, {args.viewers} viewers",
@@ -331,10 +338,12 @@ def measure_tier(args, env, seeded, workers: int, background: list[int]) -> dict
         for label, run in windows if args.rate > 0 else windows[:1]:
             coro, kind = run()
             web0, bg0, pg0 = cpu_seconds([tier.pid]), cpu_seconds(background), postgres_cpu()
+            fleet0 = cpu_seconds(fleet)
+            stored0 = sample_count(env) if fleet else 0
             me0 = time.process_time()
             t0 = time.monotonic()
             answer = asyncio.run(coro)
-            wall = time.monotonic() - t0
+            wall = elapsed = time.monotonic() - t0
             if kind == "open":
                 results, pending, late = answer
                 wall = args.seconds
@@ -349,14 +358,22 @@ def measure_tier(args, env, seeded, workers: int, background: list[int]) -> dict
                 row.update(pending=pending)
             web = cpu_seconds([tier.pid]) - web0
             print(
-                f"    CPU over the window: web {100 * web / wall:.0f} %, worker/beat/fleet"
-                f" {100 * (cpu_seconds(background) - bg0) / wall:.0f} %, postgres"
+                f"    CPU over the window: web {100 * web / wall:.0f} %, worker/beat"
+                f" {100 * (cpu_seconds(background) - bg0) / wall:.0f} %, fleet simulator"
+                f" {100 * (cpu_seconds(fleet) - fleet0) / wall:.0f} %, postgres"
                 f" {100 * (postgres_cpu() - pg0) / wall:.0f} %, this client"
                 f" {100 * (time.process_time() - me0) / wall:.0f} % of a core;"
                 f" load {os.getloadavg()[0]:.1f}; web CPU per page view"
                 f" {1000 * web / max(len(results), 1):.1f} ms"
             )
             row["web_cpu_ms_per_view"] = 1000 * web / max(len(results), 1)
+            if fleet:
+                # What the poll kept up while the pages were served (not after: the load gone).
+                row["samples_per_s"] = (sample_count(env) - stored0) / elapsed
+                print(
+                    f"    fleet during the window: {row['samples_per_s']:.0f} samples/s stored"
+                    f" (of {seeded['fleet_gpus']} GPUs at 1 Hz)"
+                )
             out["closed" if kind is None else "open"] = row
     finally:
         tier.terminate()
@@ -369,6 +386,13 @@ def measure_tier(args, env, seeded, workers: int, background: list[int]) -> dict
 
 def postgres_cpu() -> float:
     return cpu_seconds(postgres_pids())
+
+
+def sample_count(env: dict) -> int:
+    import psycopg
+
+    with psycopg.connect(env["DATABASE_URL"], autocommit=True) as conn:
+        return conn.execute("SELECT count(*) FROM hosts_gpusample").fetchone()[0]
 
 
 def samples_per_s(env: dict, seconds: float = 10.0) -> float:
@@ -420,15 +444,21 @@ def main(args) -> int:
                 env,
                 Path(var_dir),
             )
-            time.sleep(10)  # beat's first ticks, the worker's first batches
+            # The pages start once the poll is steady (its worker processes warm up first),
+            # or after a minute whatever it does.
+            deadline, rate = time.monotonic() + 60, 0.0
+            while time.monotonic() < deadline and rate < 0.9 * seeded["fleet_gpus"]:
+                rate = samples_per_s(env, 5.0)
             print(
                 f"fleet: {args.fleet} hosts, {seeded['fleet_gpus']} GPUs polled at 1 Hz by "
                 f"{args.shards} shards, worker concurrency {args.worker_concurrency}: "
-                f"{samples_per_s(env):.0f} samples/s stored before the pages"
+                f"{rate:.0f} samples/s stored before the pages"
             )
         rows = []
         for workers in [int(w) for w in args.workers.split(",")]:
-            rows.append(measure_tier(args, env, seeded, workers, [p.pid for p in background]))
+            # start_fleet's processes: the simulator first, then the worker and beat.
+            panel, simulator = [p.pid for p in background[1:]], [p.pid for p in background[:1]]
+            rows.append(measure_tier(args, env, seeded, workers, panel, simulator))
         if args.fleet:
             print(f"\nfleet while measured: {samples_per_s(env):.0f} samples/s stored at the end")
         print(f"\nload after {os.getloadavg()}")

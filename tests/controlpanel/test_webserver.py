@@ -60,3 +60,26 @@ def test_web_workers_pool_database_connections_unless_told_otherwise():
     assert webserver.server_environ({"DATABASE_POOL_SIZE": "4"})["DATABASE_POOL_SIZE"] == "4"
     assert webserver.server_environ({"DATABASE_POOL_SIZE": "0"})["DATABASE_POOL_SIZE"] == "0"
     assert webserver.server_environ({"X": "y"})["X"] == "y"  # the rest passes through
+
+
+def test_web_processes_yield_the_cpu_to_the_telemetry_poll():
+    assert webserver.web_nice({}) == webserver.DEFAULT_NICE == 5
+    assert webserver.web_nice({"WEB_NICE": "0"}) == 0
+    assert webserver.web_nice({"WEB_NICE": " 19 "}) == 19
+
+
+@pytest.mark.parametrize("value", ["-1", "20", "low"])
+def test_a_bad_web_nice_stops_with_a_message(value):
+    with pytest.raises(SystemExit, match="WEB_NICE"):
+        webserver.web_nice({"WEB_NICE": value})
+
+
+def test_main_lowers_the_priority_before_uvicorn_takes_over(monkeypatch):
+    calls = []
+    monkeypatch.setenv("WEB_NICE", "7")
+    monkeypatch.setattr(webserver.os, "nice", lambda n: calls.append(("nice", n)))
+    monkeypatch.setattr(
+        webserver.os, "execvpe", lambda file, argv, env: calls.append(("exec", argv[2]))
+    )
+    webserver.main()
+    assert calls == [("nice", 7), ("exec", "uvicorn")]

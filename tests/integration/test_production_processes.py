@@ -10,11 +10,13 @@ import os
 import re
 
 import httpx
+import psutil
 import pytest
 import websockets
 from celery import Celery
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
+from controlpanel import webserver
 from controlpanel.choices import OperationStatus
 from hosts.models import HostCheck
 from tests.conftest import free_port
@@ -72,6 +74,11 @@ def test_web_and_worker_commands_serve_check_and_stream_over_redis(
     start("worker", compose_command("worker"), production_env).wait_for_output("ready.", 60)
     web.wait_for_output("Application startup complete", 60)
     base = f"http://127.0.0.1:{port}"
+
+    # The supervisor and both workers yield the CPU to the telemetry poll (WEB_NICE).
+    tier = psutil.Process(web.proc.pid)
+    assert {p.nice() for p in [tier, *tier.children(recursive=True)]} == {webserver.DEFAULT_NICE}
+    assert len(tier.children(recursive=True)) >= 2
 
     with httpx.Client(base_url=base, timeout=10) as client:
         assert client.get("/healthz").json() == {"status": "ok"}
