@@ -55,9 +55,12 @@ def poll_telemetry() -> int:
     shards = settings.TELEMETRY_SHARDS
     if not shards:
         return telemetry.poll_telemetry()
-    # Fleet scale: one task a shard, for whichever workers are free; a shard's poll that
-    # could not start within the second is stale (the next one is already queued).
-    expires = max(settings.TELEMETRY_INTERVAL, 1.0)
+    # Fleet scale: one task a shard, for whichever workers are free. A busy worker starts them
+    # late: they run one at a time per shard (a lock) and skip the hosts read within the last
+    # half interval (telemetry_fleet.not_just_polled), so a late one still polls what is due
+    # and the poll slows down under load rather than stopping. After a few intervals a task
+    # is dropped: a worker back from an outage does not work off a backlog of them.
+    expires = max(3 * settings.TELEMETRY_INTERVAL, 3.0)
     for shard in range(shards):
         poll_telemetry_shard.apply_async((shard, shards), expires=expires)
     return shards

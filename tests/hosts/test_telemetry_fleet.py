@@ -300,3 +300,22 @@ def test_a_forked_worker_process_gets_its_own_loop():
     assert parent.poll(20)
     assert parent.recv() == (True, 42, True)
     process.join(10)
+
+
+def test_a_late_shard_task_skips_the_hosts_just_read(settings):
+    """A busy worker runs a shard's tasks late and back to back: the late ones read only what
+    is due, so the poll slows down under load instead of reading hosts twice a second."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    settings.TELEMETRY_INTERVAL = 1.0
+    now = timezone.now()
+    just_read = make_host(name="just-read", status="online", last_poll_at=now)
+    due_now = make_host(name="due", status="online", last_poll_at=now - timedelta(seconds=0.6))
+    never = make_host(name="never", status="online")
+    down = make_host(name="down", status="unreachable", last_poll_at=now)  # backoff decides
+    kept = telemetry_fleet.not_just_polled([just_read, due_now, never, down], now)
+    assert [h.name for h in kept] == ["due", "never", "down"]
+    later = now + timedelta(seconds=0.5)
+    assert "just-read" in [h.name for h in telemetry_fleet.not_just_polled([just_read], later)]
