@@ -77,9 +77,33 @@ def test_a_bad_web_nice_stops_with_a_message(value):
 def test_main_lowers_the_priority_before_uvicorn_takes_over(monkeypatch):
     calls = []
     monkeypatch.setenv("WEB_NICE", "7")
-    monkeypatch.setattr(webserver.os, "nice", lambda n: calls.append(("nice", n)))
+    monkeypatch.setattr(webserver, "lower_priority", lambda n: calls.append(("nice", n)))
     monkeypatch.setattr(
         webserver.os, "execvpe", lambda file, argv, env: calls.append(("exec", argv[2]))
     )
     webserver.main()
     assert calls == [("nice", 7), ("exec", "uvicorn")]
+
+
+@pytest.mark.parametrize("leader", [True, False])
+def test_a_session_leader_lowers_its_sessions_weight_too(monkeypatch, tmp_path, leader):
+    autogroup = tmp_path / "autogroup"
+    autogroup.write_text("/autogroup-1 nice 0\n")
+    niced = []
+    monkeypatch.setattr(webserver, "AUTOGROUP", str(autogroup))
+    monkeypatch.setattr(webserver.os, "nice", niced.append)
+    monkeypatch.setattr(webserver.os, "getsid", lambda pid: 42 if leader else 1)
+    monkeypatch.setattr(webserver.os, "getpid", lambda: 42)
+    webserver.lower_priority(5)
+    assert niced == [5]
+    assert autogroup.read_text() == ("5" if leader else "/autogroup-1 nice 0\n")
+    webserver.lower_priority(0)  # 0: nothing to change
+    assert niced == [5]
+
+
+def test_no_autogroup_is_no_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(webserver, "AUTOGROUP", str(tmp_path / "absent" / "autogroup"))
+    monkeypatch.setattr(webserver.os, "nice", lambda n: None)
+    monkeypatch.setattr(webserver.os, "getsid", lambda pid: 42)
+    monkeypatch.setattr(webserver.os, "getpid", lambda: 42)
+    webserver.lower_priority(5)

@@ -79,6 +79,10 @@ def test_web_and_worker_commands_serve_check_and_stream_over_redis(
     tier = psutil.Process(web.proc.pid)
     assert {p.nice() for p in [tier, *tier.children(recursive=True)]} == {webserver.DEFAULT_NICE}
     assert len(tier.children(recursive=True)) >= 2
+    autogroup = f"/proc/{tier.pid}/autogroup"  # a session of its own: its weight, too
+    if os.getsid(tier.pid) == tier.pid and os.path.exists(autogroup):
+        with open(autogroup) as group:
+            assert group.read().split()[-1] == str(webserver.DEFAULT_NICE)
 
     with httpx.Client(base_url=base, timeout=10) as client:
         assert client.get("/healthz").json() == {"status": "ok"}
