@@ -82,7 +82,7 @@ def hour_aggregates(start: datetime, end: datetime) -> list[GpuSampleHour]:
             **{f"a_{name}": Min(name) for name in MINIMA},
             **weighted,
         )
-        .order_by()
+        .order_by("gpu_id", "h")
     )
     return [
         GpuSampleHour(
@@ -122,11 +122,13 @@ def roll_up_hours(now: datetime) -> int:
     hours = hour_aggregates(start, end)
     if newest is not None:
         hours += hour_aggregates(newest, newest + HOUR)
-    return write_hours(hours)
+    return write_hours(sorted(hours, key=lambda h: (h.gpu_id, h.hour)))
 
 
 def write_hours(hours: list[GpuSampleHour]) -> int:
-    """Store ``hours``, replacing a GPU's hour already there (it is recomputed, not added)."""
+    """Store ``hours``, replacing a GPU's hour already there (it is recomputed, not added).
+    In (GPU, hour) order from every writer: two roll-ups upserting the same hours take their
+    row locks in the same order and wait for each other instead of deadlocking."""
     GpuSampleHour.objects.bulk_create(
         hours,
         batch_size=1000,
