@@ -14,7 +14,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from controlpanel import permcache
+from controlpanel import pagecache, permcache
 
 pytestmark = pytest.mark.django_db
 
@@ -27,6 +27,7 @@ def _shared(settings):
     settings.PAGE_CACHE_SECONDS = 0
     settings.REDIS_URL = "redis://shared-by-every-process"  # the generation moves everywhere
     cache.clear()
+    pagecache.bump()  # a running panel's cache has a generation
 
 
 def _get(client, url):
@@ -104,3 +105,15 @@ def test_off_where_the_generation_does_not_move_in_every_process(settings, viewe
     status, reads = _get(client, HOSTS)
     assert status == 200 and reads
     assert cache.get(permcache.key(viewer)) is None
+
+
+def test_a_lost_generation_never_brings_back_a_set_stored_before(viewer):
+    client = _client(viewer)
+    _get(client, HOSTS)
+    _get(client, HOSTS)  # stored under the generation the first view started
+    stale = cache.get(permcache.key(viewer))
+    viewer.groups.clear()  # and the generation key is lost (evicted, flushed) meanwhile
+    cache.delete(pagecache.GENERATION_KEY)
+    cache.set(permcache.key(viewer), ("0", *stale[1:]))  # as if stored with no generation
+    assert _get(client, HOSTS)[0] == 403
+    assert _get(client, HOSTS)[0] == 403  # and from the new generation on
