@@ -90,7 +90,7 @@ def host_checks(request, pk):
 
 @permission_required("hosts.view_host", raise_exception=True)
 def host_telemetry(request, pk):
-    """The charts' data: ``?range=10m|1h|24h|7d`` or a zoomed ``?start=&end=`` (ms), or
+    """The charts' data: ``?range=10m|1h|24h|7d|30d|1y`` or a zoomed ``?start=&end=`` (ms), or
     with ``?since=`` (ms; at most the last 10 minutes) the 1-second samples since then: the
     live charts' backfill after a dropped socket."""
     host = get_object_or_404(Host, pk=pk)
