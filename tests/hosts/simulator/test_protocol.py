@@ -319,4 +319,7 @@ def test_sglang_non_streamed_ttft_is_its_first_output_on_the_wire(sim_server):
         after["sglang:e2e_request_latency_seconds_sum"]
         - samples["sglang:e2e_request_latency_seconds_sum"]
     )
-    assert streamed_ttft / streamed_e2e < 0.3
+    # Streamed, the first token leaves at once, not with the 50th (which would be > 0.8).
+    # Not tighter: at --time-scale 0.2 a loaded machine's scheduling delays alone took the
+    # first token to 0.31 of the request once (CI).
+    assert streamed_ttft / streamed_e2e < 0.5
