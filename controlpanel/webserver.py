@@ -55,35 +55,33 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def web_concurrency(environ: dict[str, str] | None = None) -> int:
-    """Worker processes: WEB_CONCURRENCY when set (the convention uvicorn and gunicorn share),
-    else one per CPU: the workers are async, so one process keeps one CPU busy."""
+def _whole_number(environ, name: str, default, low: int, high: int | None = None) -> int:
+    """``environ[name]`` as a whole number in low..high, ``default()`` when unset; a bad value
+    stops the server with a message naming the variable."""
     environ = os.environ if environ is None else environ
-    raw = (environ.get("WEB_CONCURRENCY") or "").strip()
+    raw = (environ.get(name) or "").strip()
     if not raw:
-        return cpu_count()
+        return default()
     try:
         value = int(raw)
     except ValueError:
-        raise SystemExit(f"WEB_CONCURRENCY must be a whole number, not {raw!r}") from None
-    if value < 1:
-        raise SystemExit(f"WEB_CONCURRENCY must be at least 1, not {value}")
+        raise SystemExit(f"{name} must be a whole number, not {raw!r}") from None
+    if value < low:
+        raise SystemExit(f"{name} must be at least {low}, not {value}")
+    if high is not None and value > high:
+        raise SystemExit(f"{name} must be between {low} and {high}, not {value}")
     return value
+
+
+def web_concurrency(environ: dict[str, str] | None = None) -> int:
+    """Worker processes: WEB_CONCURRENCY when set (the convention uvicorn and gunicorn share),
+    else one per CPU: the workers are async, so one process keeps one CPU busy."""
+    return _whole_number(environ, "WEB_CONCURRENCY", cpu_count, 1)
 
 
 def web_nice(environ: dict[str, str] | None = None) -> int:
     """How much to lower the web processes' CPU priority: WEB_NICE (0-19), else DEFAULT_NICE."""
-    environ = os.environ if environ is None else environ
-    raw = (environ.get("WEB_NICE") or "").strip()
-    if not raw:
-        return DEFAULT_NICE
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SystemExit(f"WEB_NICE must be a whole number, not {raw!r}") from None
-    if not 0 <= value <= 19:
-        raise SystemExit(f"WEB_NICE must be between 0 and 19, not {value}")
-    return value
+    return _whole_number(environ, "WEB_NICE", lambda: DEFAULT_NICE, 0, 19)
 
 
 def uvicorn_argv(environ: dict[str, str] | None = None) -> list[str]:

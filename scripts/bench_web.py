@@ -396,14 +396,9 @@ def sample_count(env: dict) -> int:
 
 
 def samples_per_s(env: dict, seconds: float = 10.0) -> float:
-    import psycopg
-
-    with psycopg.connect(env["DATABASE_URL"], autocommit=True) as conn:
-        first = conn.execute("SELECT count(*) FROM hosts_gpusample").fetchone()[0]
-        time.sleep(seconds)
-        return (conn.execute("SELECT count(*) FROM hosts_gpusample").fetchone()[0] - first) / (
-            seconds
-        )
+    first = sample_count(env)
+    time.sleep(seconds)
+    return (sample_count(env) - first) / seconds
 
 
 def main(args) -> int:
