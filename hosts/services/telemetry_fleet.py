@@ -1,10 +1,11 @@
 """Telemetry at fleet scale: the hosts of one shard polled concurrently (plain-HTTP agents
-on the worker process's persistent event loop and per-host keep-alive clients,
+on the worker process's persistent event loop and its keep-alive HTTP session,
 ``hosts.services.telemetry_loop``; SSH and TLS agents on the thread path) and recorded in
-batches: one ``COPY`` of every GPU sample of the batch, one ``UPDATE … FROM (VALUES …)`` of
-the GPUs' newest readings and one of the hosts' (``hosts.services.telemetry_sql``; the ORM's
-bulk statements on SQLite) — never a query per GPU or per host. Which GPU a reading names
-comes from a per-process map of the fleet's GPUs, rebuilt when a GPU is saved or deleted.
+batches: one ``COPY`` of every GPU sample of the batch, one ``UPDATE … FROM
+json_to_recordset(…)`` of the GPUs' newest readings and one of the hosts'
+(``hosts.services.telemetry_sql``; the ORM's bulk statements on SQLite) — never a query per
+GPU or per host. Which GPU a reading names comes from a per-process map of the fleet's GPUs,
+rebuilt when a GPU is saved or deleted.
 
 Why shards: one process cannot poll and store 500 hosts x 8 GPUs every second on its own.
 Beat's ``poll_telemetry`` enqueues ``TELEMETRY_SHARDS`` shard tasks a second, each for the

@@ -1,12 +1,18 @@
 """One asyncio event loop per worker process, in a thread of its own, that every shard task
-of the process hands its agent requests to — so the HTTP clients, their keep-alive
-connections and the channel layer's Redis connections live as long as the process instead
-of being built and torn down every second.
+of the process hands its agent requests to — so the HTTP client, its keep-alive connections
+and the channel layer's Redis connections live as long as the process instead of being
+built and torn down every second.
 
-Why one ``httpx.AsyncClient`` per host and not one for all: httpcore's pool looks at every
-pooled connection for every request, so one client over 125 hosts spent ~2.7 ms of CPU a
-request on that scan alone (measured against the fleet simulator); a client per host
-(one origin, one connection) spends ~0.5 ms a request including the JSON parse.
+Why aiohttp and not httpx (the agent transport's client): polling is the worker's hot loop,
+and against the fleet simulator httpx's ``AsyncClient`` spent 0.65-0.75 ms of CPU a request
+(JSON parse included) where aiohttp spends 0.20-0.24 ms (``scripts/bench_fleet.py``'s
+fetch, 2-core AMD EPYC) — a quarter of a core at 500 hosts a second. One session serves
+every host: its connector finds a host's kept-alive connection by a dict lookup (httpcore
+scanned its whole pool a request, so the httpx version needed a client per host).
+
+Credentials go only where they were stored for: each request carries its own host's token
+to the address the transport was built from, redirects are never followed and no proxy is
+taken from the environment.
 
 Safe with Celery's prefork pool (a forked child never uses its parent's loop: the state is
 dropped in the child and rebuilt on first use) and with the embedded worker's thread pool
@@ -16,37 +22,35 @@ dropped in the child and rebuilt on first use) and with the embedded worker's th
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import queue
-import ssl
 import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import httpx
+import aiohttp
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings
 
 from controlpanel.realtime import publish
-from hosts.transport.agent import AgentTransport
+from hosts.transport.agent import AgentTransport, decode
 from hosts.transport.base import AuthError, TransportError
 
 log = logging.getLogger(__name__)
 
-IDLE_CLIENT_SECONDS = 600  # a host's client unused this long (host gone, moved shard) closes
+# A kept-alive connection unused this long closes (a host gone or moved to another shard);
+# polled hosts are asked every TELEMETRY_INTERVAL, far more often.
+KEEPALIVE_SECONDS = 60
 
 
 @dataclass
 class _Loop:
-    """The process's loop, its thread and the per-host clients that belong to the loop."""
+    """The process's loop, its thread and the HTTP session that belongs to the loop."""
 
     pid: int
     loop: asyncio.AbstractEventLoop
     thread: threading.Thread
-    clients: dict[int, tuple[tuple, httpx.AsyncClient, float]] = field(default_factory=dict)
-    swept: float = field(default_factory=time.monotonic)
+    session: aiohttp.ClientSession | None = None
 
 
 _lock = threading.Lock()
@@ -90,90 +94,73 @@ def fetch_agents(pairs: list[tuple[object, AgentTransport]], answers: queue.Queu
 
 async def _fetch(state: _Loop, pairs, answers: queue.Queue) -> None:
     gate = asyncio.Semaphore(settings.TELEMETRY_POLL_CONNECTIONS)
-    timeout = settings.TRANSPORT_TIMEOUT
+    session = _session(state)
 
     async def one(host, transport: AgentTransport) -> None:
         try:
             async with gate:
-                outcome = await _telemetry(_client(state, host.pk, transport), transport, timeout)
+                outcome = await _telemetry(session, transport)
         except Exception as exc:  # noqa: BLE001 - reported per host, the rest go on
             outcome = exc
         answers.put((host, outcome))
 
     await asyncio.gather(*(one(h, t) for h, t in pairs))
-    now = time.monotonic()
-    if now - state.swept > 60:
-        state.swept = now
-        for pk, (_key, client, used) in list(state.clients.items()):
-            if now - used > IDLE_CLIENT_SECONDS:
-                del state.clients[pk]
-                await client.aclose()
 
 
-def _client(state: _Loop, pk: int, transport: AgentTransport) -> httpx.AsyncClient:
-    """Host ``pk``'s client, new when its address or token changed (runs on the loop)."""
-    base = transport._client.base_url  # noqa: SLF001 - the transport's own address and token
-    headers = dict(transport._client.headers)  # noqa: SLF001
-    key = (str(base), headers.get("authorization"), transport.timeout)
-    cached = state.clients.get(pk)
-    if cached is not None and cached[0] == key:
-        state.clients[pk] = (key, cached[1], time.monotonic())
-        return cached[1]
-    if cached is not None:
-        state.loop.create_task(cached[1].aclose())
-    client = httpx.AsyncClient(
-        base_url=base,
-        headers=headers,
-        timeout=transport.timeout,
-        trust_env=False,
-        # Plain HTTP only (TLS agents take the threaded path); one context for all clients
-        # instead of loading the CA bundle again for each (~18 ms a client).
-        verify=_ssl_context(),
-        limits=httpx.Limits(max_connections=2, max_keepalive_connections=1),
-    )
-    state.clients[pk] = (key, client, time.monotonic())
-    return client
+def _session(state: _Loop) -> aiohttp.ClientSession:
+    """The loop's session, made on first use (runs on the loop). Plain HTTP only: TLS
+    agents, each verified against its own CA, take the threaded path."""
+    if state.session is None or state.session.closed:
+        connector = aiohttp.TCPConnector(
+            limit=0,  # the gate above bounds the requests in flight
+            limit_per_host=2,
+            keepalive_timeout=KEEPALIVE_SECONDS,
+        )
+        state.session = aiohttp.ClientSession(
+            connector=connector, trust_env=False, auto_decompress=True
+        )
+    return state.session
 
 
 def close_clients() -> None:
-    """Close every per-host client of this process (their connections with them)."""
+    """Close this process's HTTP session (its kept-alive connections with it)."""
     state = _state
     if state is None or state.pid != os.getpid() or not state.thread.is_alive():
         return
 
-    async def close_all():
-        clients = [client for _key, client, _used in state.clients.values()]
-        state.clients.clear()
-        await asyncio.gather(*(c.aclose() for c in clients), return_exceptions=True)
+    async def close():
+        session, state.session = state.session, None
+        if session is not None:
+            await session.close()
 
-    run(close_all(), timeout=10)
-
-
-@functools.cache
-def _ssl_context() -> ssl.SSLContext:
-    return ssl.create_default_context()
+    run(close(), timeout=10)
 
 
-async def _telemetry(client: httpx.AsyncClient, transport: AgentTransport, timeout: float):
+async def _telemetry(session: aiohttp.ClientSession, transport: AgentTransport):
     """``GET /v1/telemetry``; the same errors as ``AgentTransport`` (401 → AuthError,
     anything else unusable → TransportError)."""
-    where = transport.where
+    where, timeout = transport.where, transport.timeout
     try:
-        response = await client.get("/v1/telemetry")
-    except httpx.TimeoutException:
+        async with session.get(
+            f"{transport.base_url}/v1/telemetry",
+            headers=transport.headers,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+            allow_redirects=False,  # the token is for this address only
+        ) as response:
+            status, body = response.status, await response.read()
+    except TimeoutError:
         return TransportError(f"the agent at {where} did not answer within {timeout:g} s")
-    except httpx.HTTPError as exc:
+    except aiohttp.ClientError as exc:
         return TransportError(f"cannot reach the agent at {where}: {exc}")
-    if response.status_code == 401:
+    if status == 401:
         return AuthError(f"the agent at {where} refused the token")
     try:
-        payload = response.json()
+        payload = decode(body)
     except ValueError:
         payload = None
-    if response.status_code >= 400 or not isinstance(payload, dict):
-        return TransportError(
-            f"the agent at {where} answered {response.status_code}: {response.text[:200]!r}"
-        )
+    if status >= 400 or not isinstance(payload, dict):
+        text = body[:200].decode("utf-8", "replace")
+        return TransportError(f"the agent at {where} answered {status}: {text!r}")
     return payload
 
 

@@ -9,6 +9,7 @@ agent (202 + an operation id), so they are polled here until the operation finis
 
 from __future__ import annotations
 
+import json as jsonlib
 import ssl
 import time
 
@@ -27,6 +28,16 @@ POLL_INTERVAL = 0.25
 # Slack on top of the agent's own waiting (process start/stop, a busy host, the network).
 OPERATION_MARGIN_S = 30.0
 POLL_RETRIES = 3  # a network blip while polling must not lose track of a running operation
+
+
+def decode(body: bytes | str):
+    """The agent's JSON, with ``NaN`` and ``Infinity`` (which Python's parser accepts but JSON
+    has not, and no JSON column or browser can take) read as null. Raises ValueError."""
+    return jsonlib.loads(body, parse_constant=_no_number)
+
+
+def _no_number(_name: str) -> None:
+    return None
 
 
 class AgentTransport(Transport):
@@ -63,9 +74,12 @@ class AgentTransport(Transport):
                 shown = "(PEM text)" if pem else ca_cert
                 raise TransportError(f"cannot load the CA certificate {shown}: {exc}") from None
         self.timeout = timeout
+        # Also what the fleet poll's own client (hosts.services.telemetry_loop) sends.
+        self.base_url = f"{scheme}://{authority}"
+        self.headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
         self._client = httpx.Client(
-            base_url=f"{scheme}://{authority}",
-            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+            base_url=self.base_url,
+            headers=self.headers,
             timeout=timeout,
             verify=verify,
             trust_env=False,  # the agent is reached directly, never through a proxy from env
@@ -88,7 +102,7 @@ class AgentTransport(Transport):
         except httpx.HTTPError as exc:
             raise TransportError(f"talking to the agent at {self.where} failed: {exc}") from None
         try:
-            payload = response.json()
+            payload = decode(response.content)
         except ValueError:
             payload = None
         if response.status_code == 401:

@@ -115,13 +115,14 @@ def fleet_agents():
     fleet = Fleet(3, "h100-sxm:8", "fleet-token")
     loop = asyncio.new_event_loop()
     hold = threading.Event()
-    state = {"slow": None}
+    state = {"slow": None, "connections": 0, "requests": []}
 
     async def start():
         servers = []
         for number in range(3):
 
             async def handle(reader, writer, number=number):
+                state["connections"] += 1
                 if number == state["slow"]:
                     await loop.run_in_executor(None, hold.wait, 30)
                 await fleet.serve_connection(number, reader, writer)
@@ -194,12 +195,15 @@ FIELDS = [name for name, _kind in telemetry_sql.SAMPLE_COLUMNS]
 
 def odd_readings(hosts, t):
     """Readings with values the columns must convert: floats for integer columns, numbers as
-    strings, a missing value and one that is no number."""
+    strings, a missing value, one that is no number, and NaN / infinity (which Python's JSON
+    parser lets an agent send but no JSON column can hold)."""
     batch = readings_for(hosts, util=(73.5, 4), t=t)
     for _host, r in batch:
         gpu = r["gpus"][0]
         gpu.update(sm_clock_mhz=1980.0, mem_clock_mhz="2619", power_w="401.5")
         gpu.update(temperature_c=None, pcie_tx_kbps="N/A", clocks_event_reasons=4)
+        gpu.update(pcie_rx_kbps=float("nan"))
+        r["host"]["odd"] = {"load": [float("inf"), 1.5]}
     return batch
 
 
@@ -215,7 +219,13 @@ def stored(hosts):
         for g in Gpu.objects.filter(host__in=pks)
     )
     host_rows = sorted(
-        (h.host_readings["cpu_percent"], h.telemetry_source, h.telemetry_note, h.last_seen_at)
+        (
+            h.host_readings["cpu_percent"],
+            h.host_readings.get("odd"),
+            h.telemetry_source,
+            h.telemetry_note,
+            h.last_seen_at,
+        )
         for h in Host.objects.filter(pk__in=pks)
     )
     return samples, gpus, host_rows
@@ -257,15 +267,15 @@ def test_the_gpu_map_is_rebuilt_when_a_gpu_changes_elsewhere():
 
 
 # --- the per-process event loop ------------------------------------------------------------------
-def test_polls_reuse_the_process_loop_and_each_hosts_client(fleet_agents):
-    hosts, _hold, _state = fleet_agents
+def test_polls_reuse_the_process_loop_and_its_kept_alive_connections(fleet_agents):
+    hosts, _hold, state = fleet_agents
     telemetry_fleet.poll_hosts(due(hosts))
-    state = telemetry_loop.running_loop()
-    clients = {pk: entry[1] for pk, entry in state.clients.items()}
-    assert {h.pk for h in hosts} <= clients.keys()
+    loop = telemetry_loop.running_loop()
+    session = loop.session
+    opened = state["connections"]  # the poll's, and the inventory's of each new host
     result = telemetry_fleet.poll_hosts(due(hosts))
-    assert result.samples == 24 and telemetry_loop.running_loop() is state
-    assert all(state.clients[h.pk][1] is clients[h.pk] for h in hosts)
+    assert result.samples == 24 and telemetry_loop.running_loop() is loop
+    assert loop.session is session and state["connections"] == opened  # no new connection
 
 
 def test_the_loop_serves_several_threads_at_once():

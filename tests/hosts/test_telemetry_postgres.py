@@ -1,7 +1,7 @@
 """The PostgreSQL statements of fleet telemetry (hosts.services.telemetry_sql): a batch is one
-COPY and one UPDATE … FROM (VALUES …) per table, the minute roll-up one INSERT … SELECT … GROUP
-BY under an advisory lock, and each stores exactly what the ORM fallback (SQLite's path) does.
-Second pass only: they need PostgreSQL."""
+COPY and one UPDATE … FROM json_to_recordset(…) per table, the minute roll-up one INSERT …
+SELECT … GROUP BY under an advisory lock, and each stores exactly what the ORM fallback
+(SQLite's path) does. Second pass only: they need PostgreSQL."""
 
 from datetime import timedelta
 
@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from hosts.models import GpuSample, GpuSampleMinute
+from hosts.models import Gpu, GpuSample, GpuSampleMinute, Host
 from hosts.services import telemetry_fleet, telemetry_sql
 from tests.hosts.test_telemetry_fleet import odd_readings, stored, two_gpu_hosts
 from tests.hosts.test_telemetry_rollup import (
@@ -25,7 +25,7 @@ from tests.hosts.test_telemetry_rollup import (
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 
-def test_on_postgresql_a_batch_is_one_copy_and_one_update_from_values_each(postgres, monkeypatch):
+def test_on_postgresql_a_batch_is_one_copy_and_one_update_from_json_each(postgres, monkeypatch):
     t = timezone.now()
     hosts = two_gpu_hosts(3)
     with CaptureQueriesContext(connection) as captured:
@@ -34,9 +34,16 @@ def test_on_postgresql_a_batch_is_one_copy_and_one_update_from_values_each(postg
     assert len([s for s in sql if s.startswith("COPY hosts_gpusample")]) == 1
     assert not [s for s in sql if s.startswith("INSERT")]
     updates = [s for s in sql if s.startswith("UPDATE")]
-    assert len(updates) == 2 and all("FROM (VALUES" in s for s in updates), updates
+    assert len(updates) == 2 and all("FROM json_to_recordset(" in s for s in updates), updates
+    # One parameter each, whatever the batch's size: no query of thousands of placeholders.
+    assert all(s.count("::json") == 1 for s in updates)
     by_sql = stored(hosts)
     assert len(by_sql[0]) == 6
+    # NaN and infinity are stored as null, in the samples and in the JSON columns alike.
+    host = Host.objects.get(pk=hosts[0].pk)
+    assert host.host_readings["odd"] == {"load": [None, 1.5]}
+    newest = Gpu.objects.get(host=hosts[0], index=0).last_sample
+    assert "pcie_rx_kbps" in newest and newest["pcie_rx_kbps"] is None
     # The same readings through the ORM fallback (SQLite's path) on other hosts: the same rows.
     others = two_gpu_hosts(3)
     monkeypatch.setattr(telemetry_sql, "postgres", lambda: False)
@@ -47,7 +54,7 @@ def test_on_postgresql_a_batch_is_one_copy_and_one_update_from_values_each(postg
     busy = GpuSample.objects.get(gpu__host=hosts[0], gpu__index=0)
     assert busy.sm_clock_mhz == 1980 and busy.mem_clock_mhz == 2619 and busy.power_w == 401.5
     assert busy.temperature_c is None and busy.pcie_tx_kbps is None
-    assert busy.clocks_event_reasons == 4
+    assert busy.clocks_event_reasons == 4 and busy.pcie_rx_kbps is None
 
 
 def test_on_postgresql_the_roll_up_is_one_statement_equal_to_the_orm_fallback(
