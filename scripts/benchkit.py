@@ -124,6 +124,9 @@ def start_fleet(
         raise SystemExit("the fleet simulator did not start")
     logs.mkdir(parents=True, exist_ok=True)
     celery = [PYTHON, "-m", "celery", "-A", "controlpanel"]
+    # Persistent database connections, as docker-compose.yml gives workers and beat (without,
+    # every shard task of every second opened a PostgreSQL connection of its own).
+    env = {**env, "DATABASE_CONN_MAX_AGE": env.get("DATABASE_CONN_MAX_AGE") or "60"}
     worker = subprocess.Popen(
         celery + ["worker", "-l", "WARNING", f"--concurrency={concurrency}"],
         cwd=ROOT,
