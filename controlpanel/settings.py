@@ -426,6 +426,9 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Celery's fixup would close database connections around every task; controlpanel.task_db
+# applies CONN_MAX_AGE instead (the fixup closes only after this many tasks: never, in effect).
+CELERY_DB_REUSE_MAX = 10**9
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # Lets `celery inspect ping -d celerybeat@HOST` (the compose healthcheck) reach beat too.
 CELERY_BEAT_ENABLE_REMOTE_CONTROL = not EMBEDDED
@@ -439,9 +442,9 @@ if HOST_CHECK_INTERVAL > 0:
         "schedule": HOST_CHECK_INTERVAL,
     }
 EMBEDDED_WORKER_CONCURRENCY = _env["EMBEDDED_WORKER_CONCURRENCY"]
-# Every worker imports this at start: its signal receivers count tasks and heartbeats for
-# /metrics (in Redis, which the web process reads).
-CELERY_IMPORTS = ["controlpanel.task_stats"]
+# Every worker imports these at start: signal receivers that count tasks and heartbeats for
+# /metrics (in Redis, which the web process reads) and keep database connections by age.
+CELERY_IMPORTS = ["controlpanel.task_stats", "controlpanel.task_db"]
 
 # --- /metrics (api/metrics.py) ---------------------------------------------------------------
 # Scrapers from these addresses (IPs or CIDR networks) need no token; empty: tokens only.

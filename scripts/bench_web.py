@@ -159,12 +159,6 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def postgres_pids() -> list[int]:
-    import psutil
-
-    return [p.pid for p in psutil.process_iter(["name"]) if (p.info["name"] or "") == "postgres"]
-
-
 def page_urls(seeded: dict) -> list[tuple[str, str]]:
     return list(
         zip(
@@ -337,7 +331,8 @@ def measure_tier(args, env, seeded, workers: int, background: list[int], fleet: 
         ]
         for label, run in windows if args.rate > 0 else windows[:1]:
             coro, kind = run()
-            web0, bg0, pg0 = cpu_seconds([tier.pid]), cpu_seconds(background), postgres_cpu()
+            web0, bg0 = cpu_seconds([tier.pid]), cpu_seconds(background)
+            pg0, redis0 = benchkit.server_cpu("postgres"), benchkit.server_cpu("redis-server")
             fleet0 = cpu_seconds(fleet)
             stored0 = sample_count(env) if fleet else 0
             me0 = time.process_time()
@@ -361,7 +356,8 @@ def measure_tier(args, env, seeded, workers: int, background: list[int], fleet: 
                 f"    CPU over the window: web {100 * web / wall:.0f} %, worker/beat"
                 f" {100 * (cpu_seconds(background) - bg0) / wall:.0f} %, fleet simulator"
                 f" {100 * (cpu_seconds(fleet) - fleet0) / wall:.0f} %, postgres"
-                f" {100 * (postgres_cpu() - pg0) / wall:.0f} %, this client"
+                f" {100 * (benchkit.server_cpu('postgres') - pg0) / wall:.0f} %, redis"
+                f" {100 * (benchkit.server_cpu('redis-server') - redis0) / wall:.0f} %, this client"
                 f" {100 * (time.process_time() - me0) / wall:.0f} % of a core;"
                 f" load {os.getloadavg()[0]:.1f}; web CPU per page view"
                 f" {1000 * web / max(len(results), 1):.1f} ms"
@@ -382,10 +378,6 @@ def measure_tier(args, env, seeded, workers: int, background: list[int], fleet: 
         except subprocess.TimeoutExpired:
             os.killpg(tier.pid, 9)
     return out
-
-
-def postgres_cpu() -> float:
-    return cpu_seconds(postgres_pids())
 
 
 def sample_count(env: dict) -> int:

@@ -33,6 +33,23 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
+def server_cpu(name: str) -> float:
+    """CPU seconds used so far by the running processes named ``name`` ("postgres",
+    "redis-server"). A process that exits takes its seconds with it: measure servers whose
+    clients keep their connections (a backend per short-lived connection is not counted)."""
+    import psutil
+
+    total = 0.0
+    for proc in psutil.process_iter(["name"]):
+        if (proc.info["name"] or "") == name:
+            try:
+                t = proc.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+    return total
+
+
 def create_database(server_url: str, prefix: str) -> str:
     """A fresh PostgreSQL database ``<prefix>_<pid>`` on ``server_url`` (no database name in
     it); returns its name. drop_database() removes it when the benchmark ends."""

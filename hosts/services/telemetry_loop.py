@@ -168,7 +168,8 @@ async def _telemetry(session: aiohttp.ClientSession, transport: AgentTransport):
 def publish_many(messages: list[tuple[str, str, dict]]) -> None:
     """``controlpanel.realtime.publish`` for many ``(group, event, data)`` at once: on a
     Redis channel layer all sends go out together on the process's loop (``publish`` pays
-    an ``async_to_sync`` a message); ``data`` must be JSON-safe already. Never raises."""
+    an ``async_to_sync`` a message), and only to groups someone is in; ``data`` must be
+    JSON-safe already. Never raises."""
     layer = get_channel_layer()
     if layer is None or not messages:
         return
@@ -178,8 +179,9 @@ def publish_many(messages: list[tuple[str, str, dict]]) -> None:
         return
 
     async def send_all():
+        watched = await _watched(layer, {g for g, _e, _d in messages})
         await asyncio.gather(
-            *(layer.group_send(g, {"type": e, "data": d}) for g, e, d in messages),
+            *(layer.group_send(g, {"type": e, "data": d}) for g, e, d in messages if g in watched),
             return_exceptions=True,
         )
 
@@ -187,3 +189,26 @@ def publish_many(messages: list[tuple[str, str, dict]]) -> None:
         run(send_all(), timeout=5)
     except Exception:  # noqa: BLE001 - a missed live update is reloaded; a poll must not fail
         log.warning("could not publish %d telemetry messages", len(messages), exc_info=True)
+
+
+async def _watched(layer, groups: set[str]) -> set[str]:
+    """The groups of ``groups`` with a member: one pipelined ZCARD a Redis server instead of
+    ``group_send``'s two round trips for every group. Most hosts' live pages are open
+    nowhere most of the time; at 500 hosts a second the sends to nobody cost the worker
+    ~10 % of its CPU (py-spy) and Redis 1,000 commands a second. Uses channels_redis's
+    own key and shard of a group; a layer without them is sent everything."""
+    try:
+        key, shard, connection = layer._group_key, layer.consistent_hash, layer.connection  # noqa: SLF001
+    except AttributeError:
+        return groups
+    by_shard: dict[int, list[str]] = {}
+    for group in groups:
+        by_shard.setdefault(shard(group), []).append(group)
+    watched = set()
+    for index, names in by_shard.items():
+        pipe = connection(index).pipeline(transaction=False)
+        for name in names:
+            pipe.zcard(key(name))
+        counts = await pipe.execute()
+        watched.update(name for name, count in zip(names, counts, strict=True) if count)
+    return watched

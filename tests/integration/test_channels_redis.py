@@ -4,6 +4,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import uuid
 
 import pytest
 from channels.testing import WebsocketCommunicator
@@ -60,3 +61,45 @@ def test_group_message_from_another_process_reaches_the_socket(settings, redis_u
         "event": "check.updated",
         "data": {"id": 2, "status": "succeeded"},
     }
+
+
+def test_telemetry_is_sent_only_to_the_live_pages_someone_has_open(settings, redis_url):
+    """The fleet poll's batch publish (hosts.services.telemetry_loop.publish_many) asks Redis
+    which host groups have a member and sends only to those: a watched host's socket gets its
+    reading, nothing is sent for the hosts no page shows."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    from hosts.services import telemetry_loop
+
+    use_redis_channel_layer(settings, redis_url)
+    layer = get_channel_layer()
+    tag = uuid.uuid4().hex[:8]
+    watched, nobody = f"host-w{tag}", f"host-n{tag}"
+    sent = []
+    real = layer.group_send
+
+    async def spy(group, message):
+        sent.append(group)
+        await real(group, message)
+
+    layer.group_send = spy
+    try:
+
+        async def join():
+            channel = await layer.new_channel()
+            await layer.group_add(watched, channel)
+            return channel
+
+        channel = async_to_sync(join)()
+        telemetry_loop.publish_many(
+            [(watched, "telemetry", {"t": 1}), (nobody, "telemetry", {"t": 2})]
+        )
+        assert sent == [watched]
+        message = async_to_sync(layer.receive)(channel)
+        assert message == {"type": "telemetry", "data": {"t": 1}}
+        async_to_sync(layer.group_discard)(watched, channel)
+        telemetry_loop.publish_many([(watched, "telemetry", {"t": 3})])
+        assert sent == [watched]  # the page closed: nothing more is sent
+    finally:
+        del layer.group_send
