@@ -43,7 +43,7 @@ PY = sys.executable
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import benchkit  # noqa: E402 - after the path it is found on
-from benchkit import cpu_model, pct, server_cpu  # noqa: E402
+from benchkit import cpu_model, cpu_used, pct, server_cpu  # noqa: E402
 
 
 def fresh_database(url: str, name: str) -> str:
@@ -199,8 +199,8 @@ def main() -> None:
                 f"CPU {name}: {used:.1f} s over {wall:.0f} s = {100 * used / wall:.0f} % of a core"
             )
         print(
-            f"CPU postgres: {100 * (pg1 - pg0) / wall:.0f} % of a core, redis:"
-            f" {100 * (redis1 - redis0) / wall:.0f} %"
+            f"CPU postgres: {100 * cpu_used(pg0, pg1) / wall:.0f} % of a core, redis:"
+            f" {100 * cpu_used(redis0, redis1) / wall:.0f} % (processes running at the end)"
         )
         for i, table in enumerate(("raw samples", "minute aggregates")):
             per_s = (size1[i] - size0[i]) / wall

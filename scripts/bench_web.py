@@ -363,12 +363,13 @@ def measure_tier(args, env, seeded, workers: int, background: list[int], fleet: 
                 )
                 row.update(pending=pending)
             web = cpu_seconds([tier.pid]) - web0
+            pg = benchkit.cpu_used(pg0, benchkit.server_cpu("postgres"))
+            redis = benchkit.cpu_used(redis0, benchkit.server_cpu("redis-server"))
             print(
                 f"    CPU over the window: web {100 * web / wall:.0f} %, worker/beat"
                 f" {100 * (cpu_seconds(background) - bg0) / wall:.0f} %, fleet simulator"
                 f" {100 * (cpu_seconds(fleet) - fleet0) / wall:.0f} %, postgres"
-                f" {100 * (benchkit.server_cpu('postgres') - pg0) / wall:.0f} %, redis"
-                f" {100 * (benchkit.server_cpu('redis-server') - redis0) / wall:.0f} %, this client"
+                f" {100 * pg / wall:.0f} %, redis {100 * redis / wall:.0f} %, this client"
                 f" {100 * (time.process_time() - me0) / wall:.0f} % of a core;"
                 f" load {os.getloadavg()[0]:.1f}; web CPU per page view"
                 f" {1000 * web / max(len(results), 1):.1f} ms"

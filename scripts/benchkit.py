@@ -33,21 +33,28 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
-def server_cpu(name: str) -> float:
-    """CPU seconds used so far by the running processes named ``name`` ("postgres",
-    "redis-server"). A process that exits takes its seconds with it: measure servers whose
-    clients keep their connections (a backend per short-lived connection is not counted)."""
+def server_cpu(name: str) -> dict[int, float]:
+    """CPU seconds used so far by each running process named ``name`` ("postgres",
+    "redis-server"), by pid: pass two of these to ``cpu_used``."""
     import psutil
 
-    total = 0.0
+    seconds = {}
     for proc in psutil.process_iter(["name"]):
         if (proc.info["name"] or "") == name:
             try:
                 t = proc.cpu_times()
-                total += t.user + t.system
+                seconds[proc.pid] = t.user + t.system
             except psutil.Error:
                 pass
-    return total
+    return seconds
+
+
+def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds between two ``server_cpu`` readings: what each process still running at
+    the end used since the first (from its start, if it is newer). A process that exited in
+    between takes its seconds with it, so the result is a lower bound where clients open and
+    close connections (a PostgreSQL backend each)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
 
 
 def create_database(server_url: str, prefix: str) -> str:
