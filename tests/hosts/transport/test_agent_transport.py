@@ -187,3 +187,26 @@ def test_tls_is_verified_against_the_given_ca(tmp_path):
                 transport.info()  # plain HTTP to a TLS port
     finally:
         proc.stop()
+
+
+def test_transports_without_a_ca_of_their_own_share_one_trust_context(monkeypatch):
+    # Loading the CA bundle costs ~18 ms of CPU: once a process, not once a host (500 hosts
+    # stalled a worker's first polls for seconds), and never for a host's own CA.
+    import ssl
+
+    from hosts.transport import agent
+
+    loads = []
+    real = ssl.SSLContext.load_verify_locations
+
+    def counting(self, *args, **kwargs):
+        loads.append(args or kwargs)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", counting)
+    agent.system_trust.cache_clear()
+    for port in range(9100, 9110):
+        AgentTransport("127.0.0.1", port, "t").close()
+        AgentTransport("127.0.0.1", port, "t", tls=True).close()
+    assert len(loads) == 1
+    assert agent.system_trust() is agent.system_trust()
