@@ -180,6 +180,15 @@ def main() -> None:
             cur.execute(size_sql)
             size1 = cur.fetchone()
             load = os.getloadavg()
+            # The poll's updates of the newest readings: in place (HOT) where the pages have
+            # room (hosts migration 0010's fillfactor), else new index entries and dead rows.
+            time.sleep(1)  # the statistics collector's report lags the commits a little
+            cur.execute(
+                "SELECT relname, n_tup_upd, n_tup_hot_upd, pg_total_relation_size(relid)"
+                " FROM pg_stat_user_tables WHERE relname IN ('hosts_gpu', 'hosts_host')"
+                " ORDER BY relname"
+            )
+            updates = cur.fetchall()
         expected = gpu_count * args.seconds
         print(
             f"\n--- {args.seconds} s, {args.shards} shards, worker concurrency {args.concurrency}"
@@ -193,6 +202,11 @@ def main() -> None:
             f"poll lag (reading time at the agent -> row seen committed), s: "
             f"p50 {pct(lags, 50):.3f}  p99 {pct(lags, 99):.3f}  max {max(lags or [0]):.3f}"
         )
+        for table, updated, hot, size in updates:
+            print(
+                f"{table}: {updated} row updates since the start, {100 * hot / max(updated, 1):.0f}"
+                f" % in place (HOT); {size / 2**20:.1f} MiB"
+            )
         for name, p in (("worker", worker), ("beat", beat), ("fleet simulator", fleet)):
             used = cpu1[p] - cpu0[p]
             print(

@@ -134,7 +134,7 @@ def seed(args) -> None:
     from django.middleware.csrf import CSRF_ALLOWED_CHARS, CSRF_SECRET_LENGTH
     from django.utils.crypto import get_random_string
 
-    cookies = []
+    sessions, cookies = [], []
     for i in range(args.viewers):
         user = User.objects.create_user(username=f"bench-viewer-{i}", password=None)
         user.groups.add(groups["Viewer"])
@@ -144,11 +144,11 @@ def seed(args) -> None:
         # proxy); a client without one makes Django mint a new secret on every page with a
         # form (32 os.urandom calls, 7.5 % of the web CPU in a py-spy profile of this bench).
         csrf = get_random_string(CSRF_SECRET_LENGTH, CSRF_ALLOWED_CHARS)
+        sessions.append(client.cookies[settings.SESSION_COOKIE_NAME].value)
         cookies.append(
-            f"{settings.SESSION_COOKIE_NAME}={client.cookies['sessionid'].value}; "
-            f"{settings.CSRF_COOKIE_NAME}={csrf}"
+            f"{settings.SESSION_COOKIE_NAME}={sessions[-1]}; {settings.CSRF_COOKIE_NAME}={csrf}"
         )
-    out["sessions"] = cookies
+    out["sessions"], out["cookies"] = sessions, cookies
     print(json.dumps(out))
 
 
@@ -320,7 +320,7 @@ def measure_tier(args, env, seeded, workers: int, background: list[int], fleet: 
         start_new_session=True,
     )
     pages = page_urls(seeded)
-    sessions = seeded["sessions"]
+    sessions = seeded["cookies"]
     out = {"workers": workers}
     try:
         wait_http(args.port, tier)

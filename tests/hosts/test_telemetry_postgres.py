@@ -75,3 +75,35 @@ def test_on_postgresql_the_roll_up_is_one_statement_equal_to_the_orm_fallback(
     telemetry_sql.roll_up(None, end)
     assert_same(stored_minutes(), by_sql)
     assert_same(by_sql, expected_minutes(samples))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_poll_updates_gpus_and_hosts_in_place_on_postgresql(postgres):
+    """hosts migration 0010: pages with room, so the poll's updates of the newest readings
+    (no indexed column changes) are HOT updates, each second's pruning the last's versions;
+    at fillfactor 100 only 6 % were (scripts/bench_fleet.py)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT relname, reloptions FROM pg_class WHERE relname IN ('hosts_gpu', 'hosts_host')"
+        )
+        options = dict(cursor.fetchall())
+    assert options == {"hosts_gpu": ["fillfactor=50"], "hosts_host": ["fillfactor=50"]}
+    hosts = two_gpu_hosts(40)  # 80 GPU rows: pages enough that room matters
+    t = timezone.now()
+    for second in range(3):  # readings fill last_sample; each batch commits
+        telemetry_fleet.record_batch(odd_readings(hosts, t + timedelta(seconds=second)))
+    before = _updates()
+    for second in range(3, 6):
+        telemetry_fleet.record_batch(odd_readings(hosts, t + timedelta(seconds=second)))
+    updated, hot = (a - b for a, b in zip(_updates(), before, strict=True))
+    assert updated == 3 * 80 and hot >= 0.9 * updated, (updated, hot)
+
+
+def _updates() -> tuple[int, int]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")  # counted at this statement's end
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'hosts_gpu'"
+        )
+        return cursor.fetchone()
