@@ -15,7 +15,7 @@ from functools import cached_property
 
 from django.utils import timezone
 
-from benchmarks.models import RUN_DOCUMENTS, BenchmarkRun
+from benchmarks.models import BenchmarkRun
 from changes import rules, rules_sweeps
 from changes.choices import ChangeState, SweepState
 from changes.models import ChangeRequest, Finding
@@ -32,6 +32,10 @@ SERIOUS = ("critical", "warning")
 # The rows name a deployment and its host: the host's credentials (decrypted per row when
 # read) and larger JSON stay in the database; nothing on the card shows them.
 HOST_NOT_SHOWN = tuple(f"deployment__host__{name}" for name in NOT_SHOWN)
+# A user's own failed runs and changes are read on every dashboard view, for them alone: only
+# the columns their rows show (with ``defer`` Django compiled a select of ~100 columns over
+# three tables, ~1.8 ms of CPU a query, for rows that are usually none).
+OWN_ROW_FIELDS = ("deployment__name", "deployment__host__name")
 REVIEW_FIELDS = (
     "state",
     "title",
@@ -131,7 +135,7 @@ def attention(user) -> Attention:
                 requested_by=user, status=OperationStatus.FAILED, created_at__gte=since
             )
             .select_related("deployment__host")
-            .defer(*RUN_DOCUMENTS, *HOST_NOT_SHOWN)[:SHOWN]
+            .only(*OWN_ROW_FIELDS, "status", "label", "created_at")[:SHOWN]
         )
     if user.has_perm("changes.view_changerequest"):
         found.failed_changes = list(
@@ -141,7 +145,7 @@ def attention(user) -> Attention:
                 finished_at__gte=since,
             )
             .select_related("deployment__host")
-            .defer(*HOST_NOT_SHOWN)[:SHOWN]
+            .only(*OWN_ROW_FIELDS, "state", "title", "finished_at")[:SHOWN]
         )
     return found
 
