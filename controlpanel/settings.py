@@ -61,8 +61,12 @@ def _read():
         "DATABASE_URL", default_db, ("sqlite", "postgres", "postgresql", "pgsql")
     )
     try:
+        # A kept connection is checked before its first use in each request or task, so one
+        # PostgreSQL dropped (a restart, a failover) is reconnected, never a failed apply.
         database = dj_database_url.parse(
-            database_url, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0)
+            database_url,
+            conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0),
+            conn_health_checks=True,
         )
     except ValueError as exc:
         raise EnvError("DATABASE_URL", database_url, f"a database URL ({exc})") from None

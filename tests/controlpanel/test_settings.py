@@ -119,17 +119,20 @@ def shown(env: dict, tmp_path, show: str) -> str:
 def test_database_pool_size_pools_postgresql_connections_instead_of_keeping_them(tmp_path):
     show = (
         "import json; from django.conf import settings as s; d = s.DATABASES['default'];"
-        " print(json.dumps([d['CONN_MAX_AGE'], d.get('OPTIONS', {}).get('pool')]))"
+        " print(json.dumps([d['CONN_MAX_AGE'], d.get('OPTIONS', {}).get('pool'),"
+        " d['CONN_HEALTH_CHECKS']]))"
     )
     production = {**PRODUCTION, "DATABASE_CONN_MAX_AGE": "60"}
 
     def read(env):
         return json.loads(shown(env, tmp_path, show))
 
-    age, pool = read({**production, "DATABASE_POOL_SIZE": "6"})
+    age, pool, _checked = read({**production, "DATABASE_POOL_SIZE": "6"})
     # Django refuses a pool together with persistent connections: the pool wins.
     assert age == 0 and pool["max_size"] == 6 and pool["timeout"] > 0
-    assert read(production) == [60, None]  # no pool asked: the workers keep connections
+    # No pool asked: the workers keep connections, each checked before a task reuses it (a
+    # PostgreSQL restart must not fail the next apply).
+    assert read(production) == [60, None, True]
     # SQLite has no pool: the setting is ignored there (the embedded panel).
     assert read({"DATABASE_POOL_SIZE": "6"})[1] is None
     bad = start_with({**production, "DATABASE_POOL_SIZE": "-1"}, tmp_path, show)
