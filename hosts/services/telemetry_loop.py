@@ -4,9 +4,9 @@ and the channel layer's Redis connections live as long as the process instead of
 built and torn down every second.
 
 Why aiohttp and not httpx (the agent transport's client): polling is the worker's hot loop,
-and against the fleet simulator httpx's ``AsyncClient`` spent 0.65-0.75 ms of CPU a request
-(JSON parse included) where aiohttp spends 0.20-0.24 ms (``scripts/bench_fleet.py``'s
-fetch, 2-core AMD EPYC) — a quarter of a core at 500 hosts a second. One session serves
+and against the fleet simulator httpx's ``AsyncClient`` spent 0.56-0.75 ms of CPU a request
+(JSON parse included) where aiohttp spends 0.17-0.24 ms (``scripts/bench_agent_fetch.py``,
+2-core AMD EPYC) — a quarter of a core at 500 hosts a second. One session serves
 every host: its connector finds a host's kept-alive connection by a dict lookup (httpcore
 scanned its whole pool a request, so the httpx version needed a client per host).
 
