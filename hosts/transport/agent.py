@@ -43,12 +43,29 @@ def system_trust() -> ssl.SSLContext:
 
 def decode(body: bytes | str):
     """The agent's JSON, with ``NaN`` and ``Infinity`` (which Python's parser accepts but JSON
-    has not, and no JSON column or browser can take) read as null. Raises ValueError."""
-    return jsonlib.loads(body, parse_constant=_no_number)
+    has not, and no JSON column or browser can take) read as null, and NUL characters
+    (``\\u0000``: valid JSON, but PostgreSQL stores them in neither text nor jsonb, so one
+    such string failed the batch of every host polled with it) dropped. Raises ValueError."""
+    value = jsonlib.loads(body, parse_constant=_no_number)
+    # A NUL can only come from that escape (raw control characters are not valid JSON), so
+    # the walk runs only for the rare body that has one.
+    if (b"\\u0000" if isinstance(body, bytes) else "\\u0000") in body:
+        value = _without_nul(value)
+    return value
 
 
 def _no_number(_name: str) -> None:
     return None
+
+
+def _without_nul(value):
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_nul(v) for v in value]
+    return value
 
 
 class AgentTransport(Transport):

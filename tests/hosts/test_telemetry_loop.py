@@ -93,6 +93,16 @@ def test_a_reading_is_the_agents_json_with_nan_and_infinity_as_null(servers):
     assert decode(b'{"a": Infinity}') == {"a": None}  # the transport's own parser, the same
 
 
+def test_nul_characters_from_an_agent_are_dropped_before_anything_stores_them():
+    # Valid JSON, but PostgreSQL takes a NUL in neither text nor jsonb: one such string failed
+    # the whole batch of hosts it was polled with.
+    body = b'{"note": "a\\u0000b", "gpus": [{"name": "H\\u0000100"}], "k\\u0000": 1}'
+    assert decode(body) == {"note": "ab", "gpus": [{"name": "H100"}], "k": 1}
+    assert decode(body.decode()) == decode(body)
+    # An escaped backslash before "u0000" is text, not a NUL: kept as it is.
+    assert decode(b'{"note": "\\\\u0000"}') == {"note": "\\u0000"}
+
+
 def test_each_request_carries_its_own_hosts_token_on_kept_alive_connections(servers):
     server = servers(ok())
     fetch(AgentTransport("127.0.0.1", server.port, "first"))

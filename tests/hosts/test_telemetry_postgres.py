@@ -3,6 +3,7 @@ COPY and one UPDATE … FROM json_to_recordset(…) per table, the minute roll-u
 SELECT … GROUP BY under an advisory lock, and each stores exactly what the ORM fallback
 (SQLite's path) does. Second pass only: they need PostgreSQL."""
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -12,7 +13,9 @@ from django.utils import timezone
 
 from hosts.models import Gpu, GpuSample, GpuSampleMinute, Host
 from hosts.services import telemetry_fleet, telemetry_sql
+from tests.factories import make_host
 from tests.hosts.test_telemetry_fleet import odd_readings, stored, two_gpu_hosts
+from tests.hosts.test_telemetry_loop import servers  # noqa: F401 - the fixture
 from tests.hosts.test_telemetry_rollup import (
     BASE,
     assert_same,
@@ -107,3 +110,17 @@ def _updates() -> tuple[int, int]:
             "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'hosts_gpu'"
         )
         return cursor.fetchone()
+
+
+def test_an_agents_nul_character_does_not_fail_the_batch_on_postgresql(postgres, servers):  # noqa: F811
+    """PostgreSQL stores a NUL in neither text nor jsonb: an agent whose note or readings
+    hold one (``\\u0000`` is valid JSON) must not fail the batch of every host polled with
+    it — the poll's decoder drops the character (hosts.transport.agent.decode)."""
+    body = b'{"time": %d, "gpus": [], "note": "disk\\u0000full", "host": {"k": "v\\u0000"}}'
+    server = servers(lambda path, headers: (200, "", body % int(time.time())))
+    odd = make_host(port=server.port, agent_token="t", status="online")
+    fine = two_gpu_hosts(1)[0]
+    telemetry_fleet.poll_hosts([odd])
+    odd.refresh_from_db()
+    assert odd.telemetry_note == "diskfull" and odd.host_readings == {"k": "v"}
+    assert telemetry_fleet.record_batch(odd_readings([fine], timezone.now())) == 2
