@@ -142,7 +142,7 @@ def seed(args) -> None:
         client.force_login(user)
         # A browser sends back the CSRF cookie it was given (the Secure cookie over the TLS
         # proxy); a client without one makes Django mint a new secret on every page with a
-        # form (32 os.urandom calls, 7.5 % of the web CPU in a py-spy profile of this bench).
+        # form (32 os.urandom calls: 7.5 % of the web tier's py-spy samples in this bench).
         csrf = get_random_string(CSRF_SECRET_LENGTH, CSRF_ALLOWED_CHARS)
         sessions.append(client.cookies[settings.SESSION_COOKIE_NAME].value)
         cookies.append(
@@ -320,12 +320,12 @@ def measure_tier(args, env, seeded, workers: int, background: list[int], fleet: 
         start_new_session=True,
     )
     pages = page_urls(seeded)
-    sessions = seeded["cookies"]
+    cookies = seeded["cookies"]
     out = {"workers": workers}
     try:
         wait_http(args.port, tier)
         # Every worker process compiles its templates and opens its connections first.
-        asyncio.run(closed_loop(base, sessions, pages, args.viewers, args.warmup))
+        asyncio.run(closed_loop(base, cookies, pages, args.viewers, args.warmup))
         print(
             f"\nWEB_CONCURRENCY={workers}, WEB_NICE={webserver.web_nice(env)}"
             f" (load before {os.getloadavg()[0]:.1f})"
@@ -333,11 +333,11 @@ def measure_tier(args, env, seeded, workers: int, background: list[int], fleet: 
         windows = [
             (
                 f"closed loop, {args.viewers} viewers",
-                lambda: (closed_loop(base, sessions, pages, args.viewers, args.seconds), None),
+                lambda: (closed_loop(base, cookies, pages, args.viewers, args.seconds), None),
             ),
             (
                 f"open loop at {args.rate:.0f}/s",
-                lambda: (open_loop(base, sessions, pages, args.rate, args.seconds), "open"),
+                lambda: (open_loop(base, cookies, pages, args.rate, args.seconds), "open"),
             ),
         ]
         for label, run in windows if args.rate > 0 else windows[:1]:
