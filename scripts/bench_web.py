@@ -198,13 +198,13 @@ def client_for(base: str, cookie: str):
     )
 
 
-async def closed_loop(base, sessions, pages, viewers, seconds):
+async def closed_loop(base, cookies, pages, viewers, seconds):
     """``viewers`` viewers each fetching the pages in turn without pause: (page, ms, status)."""
     results: list[tuple[str, float, int]] = []
     end = time.monotonic() + seconds
 
     async def viewer(i: int) -> None:
-        async with client_for(base, sessions[i % len(sessions)]) as client:
+        async with client_for(base, cookies[i % len(cookies)]) as client:
             n = i  # viewers start on different pages
             while time.monotonic() < end:
                 name, url = pages[n % len(pages)]
@@ -220,11 +220,11 @@ async def closed_loop(base, sessions, pages, viewers, seconds):
     return results
 
 
-async def open_loop(base, sessions, pages, rate, seconds):
+async def open_loop(base, cookies, pages, rate, seconds):
     """Pages due at ``rate`` per second on a fixed schedule; latency counted from when each
     was due. Returns (results, requests still unanswered at the end, max lateness s)."""
     results: list[tuple[str, float, int]] = []
-    clients = [client_for(base, s) for s in sessions]
+    clients = [client_for(base, c) for c in cookies]
     start = time.perf_counter() + 0.2
     total = int(rate * seconds)
     late = 0.0
