@@ -7,9 +7,11 @@ Why: with 500 hosts polled every second, the hosts list, the history and the das
 refreshing them left no CPU for the rest. A shared part costs one cache read.
 
 What a shared part may hold: nothing of one user but what their permissions decide (the key
-has a digest of them), no CSRF token (a form that POSTs stays outside), nothing of the
-request but its path and query (in the key). The ``{% shared %}`` tag (templatetags/pagecache)
-marks such a part in a template.
+has a digest of them), nothing of the request but its path and query (in the key). A form's
+CSRF token is stored as a placeholder (``csrf_placeholder``) and the tag writes each viewer's
+own token in as the part is served (``with_csrf_tokens``), so a part may hold forms that
+POST and no viewer is ever handed the token of the one who rendered it. The ``{% shared %}``
+tag (templatetags/pagecache) marks such a part in a template.
 
 Freshness: the key carries a generation that every committed save or delete of a panel model
 (``post_save``/``post_delete``/``m2m_changed``, on commit) replaces, so the page an action
@@ -35,6 +37,7 @@ import uuid
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
+from django.utils.crypto import salted_hmac
 
 GENERATION_KEY = "pagecache:generation"
 # How long past its PAGE_CACHE_SECONDS an expired part may still be served while another
@@ -117,11 +120,32 @@ def part_key(request, name: str, vary: tuple = ()) -> str:
     return "pagecache:part:" + hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
 
 
+def csrf_placeholder() -> str:
+    """What a shared part holds where a CSRF token goes: the same in every process with this
+    SECRET_KEY (parts are shared through Redis) and unguessable by users, so nothing they
+    enter (a host's notes, a link) can have the panel write a viewer's token into it."""
+    return "csrf" + salted_hmac("controlpanel.pagecache", "csrf", algorithm="sha256").hexdigest()
+
+
+def with_csrf_tokens(html: str, token) -> str:
+    """``html`` with the viewer's CSRF ``token`` (the page's ``csrf_token``, evaluated only if
+    needed: that sends the CSRF cookie, as ``{% csrf_token %}`` does) where the part holds the
+    placeholder."""
+    placeholder = csrf_placeholder()
+    if placeholder not in html:
+        return html
+    return html.replace(placeholder, str(token))
+
+
 def shared(request, name: str, render, vary: tuple = ()) -> str:
     """The HTML of part ``name`` for ``request``: from the cache, or ``render()`` stored for the
     next viewer. Off (always rendered) when PAGE_CACHE_SECONDS is 0 or there is no request."""
     if not enabled() or request is None or not hasattr(request, "user"):
         return render()
+    return _stored_or_rendered(request, name, render, vary)
+
+
+def _stored_or_rendered(request, name: str, render, vary: tuple) -> str:
     key = part_key(request, name, vary)
     stored = cache.get(key)  # (html, fresh until), kept RENDER_GRACE_SECONDS past that
     rendering = key.replace(":part:", ":rendering:", 1)

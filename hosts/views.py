@@ -1,6 +1,7 @@
 """Pages of the hosts app. Thin: check access, call a service, render."""
 
 from datetime import UTC, datetime, timedelta
+from functools import cache
 
 from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
@@ -191,21 +192,25 @@ def operation_detail(request, pk):
 
 
 def _context(host: Host) -> dict:
-    gpus = list(host.gpus.order_by("index"))
-    deployments = list(
-        Deployment.objects.filter(host=host)
-        .select_related("active_config")
-        .prefetch_related("gpus")
+    """The host page's data, each read only when a template first uses it: a viewer served
+    the shared page body (pagecache) reads none of it."""
+    gpus = cache(lambda: list(host.gpus.order_by("index")))
+    deployments = cache(
+        lambda: list(
+            Deployment.objects.filter(host=host)
+            .select_related("active_config")
+            .prefetch_related("gpus")
+        )
     )
     return {
         "host": host,
-        "gpus": gpus,
-        "deployments": deployments,
+        "gpus": SimpleLazyObject(gpus),
+        "deployments": SimpleLazyObject(deployments),
         "operations": EngineOperation.objects.filter(deployment__host=host).select_related(
             "deployment", "config", "previous_config", "requested_by"
         )[:10],
         "checks": _recent_checks(host),
-        "numa": _numa(host, gpus, deployments),
+        "numa": SimpleLazyObject(lambda: _numa(host, gpus(), deployments())),
     }
 
 

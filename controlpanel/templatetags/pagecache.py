@@ -20,9 +20,19 @@ class SharedNode(template.Node):
     def render(self, context):
         name = self.name.resolve(context)
         vary = tuple(v.resolve(context) for v in self.vary)
-        html = pagecache.shared(
-            context.get("request"), name, lambda: self.nodelist.render(context), vary
-        )
+        request = context.get("request")
+
+        def render():
+            if request is None:
+                return self.nodelist.render(context)
+            # Forms in the part hold a placeholder, not the rendering viewer's token: each
+            # viewer's own is written in as the part is served (pagecache.with_csrf_tokens).
+            with context.push(csrf_token=pagecache.csrf_placeholder()):
+                return self.nodelist.render(context)
+
+        html = pagecache.shared(request, name, render, vary)
+        if request is not None:
+            html = pagecache.with_csrf_tokens(str(html), context.get("csrf_token"))
         # What is stored is this node's own output, already escaped where it had to be.
         html = mark_safe(html)  # noqa: S308 - the template's own escaped output
         if self.target:

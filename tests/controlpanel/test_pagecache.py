@@ -218,9 +218,66 @@ def test_no_shared_part_holds_a_csrf_token_or_the_users_menu(viewer, operator):
             _get(client, url)
     parts = _shared_parts()
     assert len(parts) >= 8  # 4 pages (the dashboard in two parts) x 2 roles
+    placeholder = pagecache.csrf_placeholder()
     for part in parts:
-        assert "csrfmiddlewaretoken" not in part
+        # A form in a part holds the placeholder, never a token.
+        for token in re.findall(r'name="csrfmiddlewaretoken" value="([^"]*)"', part):
+            assert token == placeholder
         assert 'class="user"' not in part and "Log out" not in part
+    # The operator's host page has forms (Test connection): stored with the placeholder.
+    assert any(placeholder in part for part in parts)
+
+
+def _tokens(html: str) -> set[str]:
+    return set(re.findall(r'name="csrfmiddlewaretoken" value="([^"]*)"', html))
+
+
+def test_a_shared_part_with_forms_gets_each_viewers_own_csrf_token(operator, django_user_model):
+    """The host page's body (forms included) is rendered once for the role; each viewer's forms
+    carry their own CSRF token, which the CSRF check accepts, and never the renderer's."""
+    host = make_host(name="shared-forms")
+    make_gpu(host)
+    make_deployment(host=host)
+    other = django_user_model.objects.create_user(username="op2", password="pw")
+    other.groups.add(Group.objects.get(name="Operator"))
+    url = reverse("hosts:detail", args=[host.pk])
+    first_client = Client(enforce_csrf_checks=True)
+    first_client.force_login(operator)
+    second_client = Client(enforce_csrf_checks=True)
+    second_client.force_login(other)
+    first, first_queries = _get(first_client, url)
+    with CaptureQueriesContext(connection) as queries:
+        second = second_client.get(url).content.decode()
+    # Served from the part: no GPU, deployment or check query for the second viewer.
+    assert not [q for q in queries if "hosts_gpu" in q["sql"] or "hosts_hostcheck" in q["sql"]]
+    assert len(queries) < first_queries
+    assert 'data-testid="check-host"' in second
+    placeholder = pagecache.csrf_placeholder()
+    assert placeholder not in first and placeholder not in second
+    mine, theirs = _tokens(first), _tokens(second)
+    assert len(mine) == 1 and len(theirs) == 1  # one token a page, in every form
+    assert not mine & theirs
+    # The token the second viewer was handed is theirs: a POST with it passes the CSRF check
+    # (204: the check is queued), and the first viewer's token on their session does not.
+    check = reverse("hosts:check", args=[host.pk])
+    ok = second_client.post(check, {"csrfmiddlewaretoken": theirs.pop()}, HTTP_HX_REQUEST="true")
+    assert ok.status_code == 204
+    other_client = Client(enforce_csrf_checks=True)
+    other_client.force_login(other)
+    refused = other_client.post(check, {"csrfmiddlewaretoken": mine.pop()}, HTTP_HX_REQUEST="true")
+    assert refused.status_code == 403
+
+
+def test_the_csrf_placeholder_is_secret_and_never_reaches_a_page(settings):
+    """Someone who can write text into a shared part (a host's notes) cannot have a viewer's
+    token written into it: the placeholder is derived from SECRET_KEY."""
+    placeholder = pagecache.csrf_placeholder()
+    assert len(placeholder) > 40
+    settings.SECRET_KEY = "another-secret-key-" + "x" * 40
+    assert pagecache.csrf_placeholder() != placeholder
+    html = pagecache.with_csrf_tokens(f"<a href='/?t={pagecache.csrf_placeholder()}'>", "TOKEN")
+    assert html == "<a href='/?t=TOKEN'>"
+    assert pagecache.with_csrf_tokens("no form here", "TOKEN") == "no form here"
 
 
 def test_the_attention_card_keeps_each_users_own_rows(viewer, approver, django_user_model):
