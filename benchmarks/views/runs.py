@@ -63,19 +63,22 @@ def run_new(request):
 @permission_required("benchmarks.view_benchmarkrun", raise_exception=True)
 def run_detail(request, pk):
     """A running run's page is read whole; a finished one's never changes, so its body is a
-    shared part (pagecache): the header reads the run without its documents, and the body's
-    data (documents, points, the previous run, ...) is read only when the part is rendered."""
-    run = _run(pk, documents=False)
-    if not run.is_finished:
+    shared part (pagecache): the view reads only the run's status and label, and the run, its
+    documents, points, the previous run ... are read only when the part is rendered."""
+    head = get_object_or_404(BenchmarkRun.objects.only("pk", "status", "label"), pk=pk)
+    if not head.is_finished:
         run = _run(pk)  # all of it: the page is live and not shared
         points, _ = points_after(run)
-        return render(request, "benchmarks/run_detail.html", {**_context(run), "points": points})
+        context = {**_context(run), "run": run, "points": points, "title": str(run)}
+        return render(request, "benchmarks/run_detail.html", context)
     full = cache(lambda: _run(pk))
     body = cache(lambda: _context(full()))
     points = cache(lambda: points_after(full())[0])
     context = {
         **{key: SimpleLazyObject(lambda key=key: body()[key]) for key in BODY_KEYS},
-        "run": run,
+        "shared_page": True,
+        "title": str(head),
+        "run": SimpleLazyObject(lambda: _run(pk, documents=False)),
         "full_run": SimpleLazyObject(full),
         "points": SimpleLazyObject(points),
         "points_script": lambda: json_script(points(), "run-points"),
