@@ -1,10 +1,10 @@
 """Values every page needs: the navigation the user may see (it names every app's pages, so it
 lives in the top app), their roles, the currency."""
 
-from functools import cache
+from functools import cache, lru_cache
 
 from django.conf import settings
-from django.urls import reverse
+from django.urls import get_script_prefix, reverse
 
 from controlpanel.roles import role_names
 from home.attention import reviews_waiting
@@ -40,13 +40,20 @@ class _Count:
         return str(int(self))
 
 
+@lru_cache(maxsize=8)
+def _nav_urls(script_prefix: str) -> tuple[str, ...]:
+    """The entries' URLs under ``script_prefix`` (the same for every request of a deployment:
+    the URLconf does not change while the process runs); reversed once, not on every page."""
+    return tuple(reverse(name) for _, name, _ in NAVIGATION)
+
+
 def panel(request):
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {"nav": [], "roles": [], "currency": settings.PANEL_CURRENCY}
     path = request.path
     nav = []
-    urls = [reverse(name) for _, name, _ in NAVIGATION]
+    urls = _nav_urls(get_script_prefix())
     waiting = cache(lambda: reviews_waiting(user))
     for (label, name, perm), url in zip(NAVIGATION, urls, strict=True):
         if not user.has_perm(perm):

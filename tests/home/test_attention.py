@@ -219,3 +219,22 @@ def test_the_card_reads_no_deferred_field(client, approver):
     add(f"d{n}" for n in range(4, 10))
     ten, shown = queries()
     assert shown == 10 and ten == four
+
+
+def test_the_navigation_links_follow_the_script_prefix(rf, viewer):
+    """The entries' URLs are reversed once per script prefix, not once for every deployment."""
+    from django.urls import set_script_prefix
+
+    from home.context_processors import panel
+
+    request = rf.get("/hosts/")
+    request.user = viewer
+    try:
+        set_script_prefix("/panel/")
+        prefixed = [item["url"] for item in panel(request)["nav"]]
+        set_script_prefix("/")
+        plain = [item["url"] for item in panel(request)["nav"]]
+    finally:
+        set_script_prefix("/")
+    assert plain[:2] == ["/", "/hosts/"]
+    assert prefixed == ["/panel" + url for url in plain]
