@@ -6,11 +6,17 @@ routes (stated as an exception in the import-linter contracts of ``pyproject.tom
 
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlpanel.settings")
-# Django must be set up before the consumers (and the models they import) load.
-django_asgi_app = get_asgi_application()
+# Django must be set up before the consumers (and the models they import) load; what
+# django.core.asgi.get_asgi_application does, with the handler that runs each request's
+# middleware chain and view in one thread hop (controlpanel.onethread).
+django.setup(set_prefix=False)
+
+from controlpanel.onethread import OneHopASGIHandler  # noqa: E402
+
+django_asgi_app = OneHopASGIHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -42,3 +42,68 @@ def test_a_request_hops_into_a_thread_a_few_times_only(monkeypatch, settings):
     # Measured: 6 hops (the chain, the view, the handler's request signals) against 16.
     assert with_chain <= 6, with_chain
     assert without >= with_chain + 8, (with_chain, without)
+
+
+def _asgi_hops(monkeypatch, app, path: str) -> tuple[int, int]:
+    """The status of GET ``path`` through ASGI application ``app`` (as uvicorn calls it) and
+    how many times the request hopped from the event loop into a thread."""
+    from asgiref.testing import ApplicationCommunicator
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"testserver")],
+        "client": ("127.0.0.1", 40000),
+        "server": ("testserver", 80),
+    }
+    count = 0
+    original = sync.SyncToAsync.__call__
+
+    async def counting(self, *args, **kwargs):
+        nonlocal count
+        count += 1
+        return await original(self, *args, **kwargs)
+
+    async def get():
+        communicator = ApplicationCommunicator(app, scope)
+        await communicator.send_input({"type": "http.request", "body": b"", "more_body": False})
+        start = await communicator.receive_output(timeout=30)
+        await communicator.receive_output(timeout=30)  # the body
+        await communicator.wait(timeout=30)  # the handler's last steps (request_finished)
+        return start["status"]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(sync.SyncToAsync, "__call__", counting)
+        status = asyncio.run(get())
+    return status, count
+
+
+def test_the_production_handler_runs_the_chain_and_the_view_in_one_hop(monkeypatch):
+    """controlpanel.asgi's handler (what uvicorn serves): the request's signals and one hop for
+    the whole chain and view, against Django's own ASGIHandler with the same middleware."""
+    from django.core.handlers.asgi import ASGIHandler
+
+    from controlpanel.onethread import OneHopASGIHandler
+
+    status, one_hop = _asgi_hops(monkeypatch, OneHopASGIHandler(), "/healthz")
+    assert status == 200
+    status, django_own = _asgi_hops(monkeypatch, ASGIHandler(), "/healthz")
+    assert status == 200
+    # Measured: 3 (request_started, the chain with the view, request_finished) against 6.
+    assert one_hop <= 3, one_hop
+    assert django_own >= one_hop + 2, (one_hop, django_own)
+
+
+def test_the_production_application_uses_the_one_hop_handler():
+    from controlpanel import asgi
+    from controlpanel.onethread import OneHopASGIHandler
+
+    assert isinstance(asgi.django_asgi_app, OneHopASGIHandler)
+    assert asgi.django_asgi_app._middleware_chain is not None
