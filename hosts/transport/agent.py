@@ -10,7 +10,6 @@ agent (202 + an operation id), so they are polled here until the operation finis
 from __future__ import annotations
 
 import functools
-import json as jsonlib
 import ssl
 import time
 
@@ -24,6 +23,7 @@ from hosts.transport.base import (
     TransportError,
     check_engine_name,
 )
+from hosts.transport.jsontext import decode  # also what the fleet poll reads with
 
 POLL_INTERVAL = 0.25
 # Slack on top of the agent's own waiting (process start/stop, a busy host, the network).
@@ -39,33 +39,6 @@ def system_trust() -> ssl.SSLContext:
     even for plain HTTP): a worker's first polls of 500 hosts spent ~9 s of CPU on it, and
     every host saved (a status change) cost it again."""
     return httpx.create_ssl_context(trust_env=False)
-
-
-def decode(body: bytes | str):
-    """The agent's JSON, with ``NaN`` and ``Infinity`` (which Python's parser accepts but JSON
-    has not, and no JSON column or browser can take) read as null, and NUL characters
-    (``\\u0000``: valid JSON, but PostgreSQL stores them in neither text nor jsonb, so one
-    such string failed the batch of every host polled with it) dropped. Raises ValueError."""
-    value = jsonlib.loads(body, parse_constant=_no_number)
-    # A NUL can only come from that escape (raw control characters are not valid JSON), so
-    # the walk runs only for the rare body that has one.
-    if (b"\\u0000" if isinstance(body, bytes) else "\\u0000") in body:
-        value = _without_nul(value)
-    return value
-
-
-def _no_number(_name: str) -> None:
-    return None
-
-
-def _without_nul(value):
-    if isinstance(value, str):
-        return value.replace("\x00", "")
-    if isinstance(value, dict):
-        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_without_nul(v) for v in value]
-    return value
 
 
 class AgentTransport(Transport):

@@ -3,11 +3,11 @@ inventory (pure functions over text; nothing here talks to a host)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 from hosts.engines.launch import LaunchConfig
 from hosts.transport import nvidia_smi, procfs
+from hosts.transport.jsontext import decode
 
 
 def sections(text: str, marker: str) -> list[tuple[str, str]]:
@@ -25,7 +25,7 @@ def sections(text: str, marker: str) -> list[tuple[str, str]]:
 def libraries(text: str) -> dict[str, str]:
     """LIBRARIES_PY's output; {} when the host's python is missing or printed anything else."""
     try:
-        found = json.loads(text.strip() or "{}")
+        found = decode(text.strip() or "{}")
     except ValueError:
         return {}
     if not isinstance(found, dict):
@@ -36,7 +36,7 @@ def libraries(text: str) -> dict[str, str]:
 def json_or(text: str, default):
     """The JSON object in ``text``, else ``default`` (empty, unreadable, or not an object)."""
     try:
-        value = json.loads(text) if text.strip() else default
+        value = decode(text) if text.strip() else default
     except ValueError:
         return default
     return value if isinstance(value, dict) else default
@@ -187,7 +187,7 @@ def pci_numa(output: str, marker: str) -> dict[str, tuple[int | None, str | None
 def simulator_gpus(body: bytes | str) -> list[dict]:
     """A simulated engine's ``/simulator/gpus`` answer → its GPU readings ([] if unreadable)."""
     try:
-        gpus = json.loads(body).get("gpus", [])
+        gpus = decode(body).get("gpus", [])
     except (ValueError, AttributeError):
         return []
     return gpus if isinstance(gpus, list) else []

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import paramiko
 
+from hosts.transport import jsontext
 from hosts.transport.base import TransportError, check_engine_name
 from hosts.transport.ssh import connection, parsing
 from hosts.transport.ssh.parsing import EngineFiles
@@ -133,7 +134,7 @@ class SshSession:
             raise TransportError(f"{what} on {self.where} failed: {exc}") from None
         finally:
             chan.close()
-        return Result(rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+        return Result(rc, jsontext.text(out), jsontext.text(err))
 
     def _collect(self, chan: paramiko.Channel, deadline: float, timeout: float, what: str):
         """Read stdout and stderr until the command has ended: ``(out, err)`` bytes."""

@@ -146,3 +146,21 @@ def test_proc_stat_with_a_command_name_that_has_spaces_and_parentheses():
     line = "4242 (python3 (x) y) S 1 4242 4242 0 -1 4194560 " + " ".join(["0"] * 12) + " 987654 0"
     assert procfs.parse_proc_stat(line) == ("S", 4242, 987654)
     assert procfs.parse_proc_stat("garbage") is None
+
+
+def test_what_ssh_reads_is_storable_without_nul_or_nan():
+    """PostgreSQL takes neither a NUL in text/jsonb nor NaN in JSON: what the SSH transport
+    parses drops the one and reads the other as null, as the agent transport does."""
+    from hosts.transport import jsontext
+    from hosts.transport.ssh import parsing
+
+    assert parsing.json_or('{"note": "a\\u0000b", "power": NaN}', {}) == {
+        "note": "ab",
+        "power": None,
+    }
+    gpus = parsing.simulator_gpus(b'{"gpus": [{"name": "H\\u0000100", "power_w": Infinity}]}')
+    assert gpus == [{"name": "H100", "power_w": None}]
+    assert parsing.libraries('{"vllm": "0.9\\u0000"}') == {"vllm": "0.9"}
+    # A command's output: a raw NUL dropped, undecodable bytes replaced.
+    assert jsontext.text(b"driver\x00 550\xff") == "driver 550\ufffd"
+    assert jsontext.text(b"plain") == "plain"
