@@ -73,14 +73,34 @@ def generation_is_shared() -> bool:
     return enabled() or bool(settings.REDIS_URL)
 
 
-def generation() -> str:
-    """The current generation ("0" until the first write since the cache was empty)."""
-    return cache.get(GENERATION_KEY) or "0"
+# Generations this process started: a request's remembered generation is used only while
+# this has not moved (a write in the same process shows at once).
+_bumps = 0
+
+
+def generation(request=None) -> str:
+    """The current generation ("0" until the first write since the cache was empty). With a
+    ``request``, read once for it (its shared parts and permissions: one Redis round trip,
+    not one per part) unless this process started a new generation since."""
+    remembered = getattr(request, "_pagecache_generation", None)
+    if remembered is not None and remembered[0] == _bumps:
+        return remembered[1]
+    value = cache.get(GENERATION_KEY) or "0"
+    remember(request, value)
+    return value
+
+
+def remember(request, value: str) -> None:
+    """Keep ``value``, just read from the cache, as ``request``'s generation."""
+    if request is not None:
+        request._pagecache_generation = (_bumps, value)
 
 
 def bump() -> None:
     """A new generation: every shared part rendered before is not used again. A fresh random
     value rather than a counter, so an evicted key can never bring an old generation back."""
+    global _bumps
+    _bumps += 1
     cache.set(GENERATION_KEY, uuid.uuid4().hex, timeout=None)
 
 
@@ -112,7 +132,7 @@ def part_key(request, name: str, vary: tuple = ()) -> str:
     """The cache key of one shared part as ``request`` would see it."""
     parts = [
         name,
-        generation(),
+        generation(request),
         permissions_digest(request.user),
         request.get_full_path(),
         *(str(v) for v in vary),

@@ -34,11 +34,14 @@ def key(user) -> str:
     return f"permcache:{user.pk}:{int(user.is_superuser)}"
 
 
-def warm(user) -> bool:
-    """Give ``user`` (a ModelBackend user of this request) its permission set from the cache,
-    or read it and store it there. Returns whether the cache had it."""
+def warm(user, request=None) -> bool:
+    """Give ``user`` (a ModelBackend user of ``request``) its permission set from the cache,
+    or read it and store it there. Returns whether the cache had it. The generation read
+    with it is the request's (pagecache.generation) for its shared parts."""
     got = cache.get_many([pagecache.GENERATION_KEY, key(user)])
     generation = got.get(pagecache.GENERATION_KEY)
+    if generation is not None:
+        pagecache.remember(request, generation)
     if generation is None:
         # No generation (a new, flushed or evicting cache): start one, and read the database
         # this time. Were "none" a generation of its own, a set stored under it before a role
@@ -68,4 +71,4 @@ class PermissionCacheMiddleware(MiddlewareMixin):
             and request.user.is_authenticated
             and request.user.is_active
         ):
-            warm(request.user)
+            warm(request.user, request)

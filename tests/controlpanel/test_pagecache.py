@@ -411,3 +411,50 @@ def test_a_hosts_recent_samples_are_read_once_for_every_viewer(viewer, django_us
     assert script in first and first.count("61.5") == second.count("61.5") > 0
     # The page's forms (CSRF tokens) stay each viewer's own.
     assert "csrfmiddlewaretoken" not in "".join(_shared_parts())
+
+
+class _CountingCache:
+    """The cache, counting the reads of the generation key (get and get_many)."""
+
+    def __init__(self, real):
+        self.real, self.generation_reads = real, 0
+
+    def get(self, key, *args, **kwargs):
+        self.generation_reads += key == pagecache.GENERATION_KEY
+        return self.real.get(key, *args, **kwargs)
+
+    def get_many(self, keys, *args, **kwargs):
+        self.generation_reads += pagecache.GENERATION_KEY in keys
+        return self.real.get_many(keys, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def test_a_request_reads_the_generation_once_for_all_its_parts(monkeypatch, viewer):
+    """The dashboard has three shared parts and the permissions read with the generation: one
+    Redis round trip for it a request, not one per part."""
+    from controlpanel import permcache
+
+    _fleet(2)
+    pagecache.bump()
+    counting = _CountingCache(cache)
+    monkeypatch.setattr(pagecache, "cache", counting)
+    monkeypatch.setattr(permcache, "cache", counting)
+    client = _client(viewer)
+    _get(client, DASHBOARD)
+    counting.generation_reads = 0
+    html, _ = _get(client, DASHBOARD)
+    assert 'data-testid="attention"' in html
+    assert counting.generation_reads == 1
+
+
+def test_a_write_in_the_same_process_moves_the_requests_generation(rf, viewer):
+    """A request that writes (the generation moves on commit) and then renders a part never
+    keys it by the generation it read before its write."""
+    request = rf.get("/hosts/")
+    request.user = viewer
+    before = pagecache.part_key(request, "p")
+    assert pagecache.part_key(request, "p") == before  # remembered
+    pagecache.bump()
+    assert pagecache.part_key(request, "p") != before
