@@ -18,7 +18,8 @@ def test_the_onethread_middleware_is_innermost():
     assert settings.MIDDLEWARE[-1] == "controlpanel.onethread.OneThreadMiddleware"
 
 
-def _hops(monkeypatch, path: str) -> int:
+def _counted(monkeypatch, run):
+    """``asyncio.run(run())`` and how many times it hopped from the event loop into a thread."""
     count = 0
     original = sync.SyncToAsync.__call__
 
@@ -29,7 +30,12 @@ def _hops(monkeypatch, path: str) -> int:
 
     with monkeypatch.context() as patch:
         patch.setattr(sync.SyncToAsync, "__call__", counting)
-        response = asyncio.run(AsyncClient().get(path))
+        result = asyncio.run(run())
+    return result, count
+
+
+def _hops(monkeypatch, path: str) -> int:
+    response, count = _counted(monkeypatch, lambda: AsyncClient().get(path))
     assert response.status_code == 200
     return count
 
@@ -63,13 +69,6 @@ def _asgi_hops(monkeypatch, app, path: str) -> tuple[int, int]:
         "client": ("127.0.0.1", 40000),
         "server": ("testserver", 80),
     }
-    count = 0
-    original = sync.SyncToAsync.__call__
-
-    async def counting(self, *args, **kwargs):
-        nonlocal count
-        count += 1
-        return await original(self, *args, **kwargs)
 
     async def get():
         communicator = ApplicationCommunicator(app, scope)
@@ -79,10 +78,7 @@ def _asgi_hops(monkeypatch, app, path: str) -> tuple[int, int]:
         await communicator.wait(timeout=30)  # the handler's last steps (request_finished)
         return start["status"]
 
-    with monkeypatch.context() as patch:
-        patch.setattr(sync.SyncToAsync, "__call__", counting)
-        status = asyncio.run(get())
-    return status, count
+    return _counted(monkeypatch, get)
 
 
 def test_the_production_handler_runs_the_chain_and_the_view_in_one_hop(monkeypatch):
