@@ -162,10 +162,6 @@ def shared(request, name: str, render, vary: tuple = ()) -> str:
     next viewer. Off (always rendered) when PAGE_CACHE_SECONDS is 0 or there is no request."""
     if not enabled() or request is None or not hasattr(request, "user"):
         return render()
-    return _stored_or_rendered(request, name, render, vary)
-
-
-def _stored_or_rendered(request, name: str, render, vary: tuple) -> str:
     key = part_key(request, name, vary)
     stored = cache.get(key)  # (html, fresh until), kept RENDER_GRACE_SECONDS past that
     rendering = key.replace(":part:", ":rendering:", 1)

@@ -40,14 +40,13 @@ def warm(user, request=None) -> bool:
     with it is the request's (pagecache.generation) for its shared parts."""
     got = cache.get_many([pagecache.GENERATION_KEY, key(user)])
     generation = got.get(pagecache.GENERATION_KEY)
-    if generation is not None:
-        pagecache.remember(request, generation)
     if generation is None:
         # No generation (a new, flushed or evicting cache): start one, and read the database
         # this time. Were "none" a generation of its own, a set stored under it before a role
         # change could come back when the generation key is lost again.
         pagecache.bump()
         return False
+    pagecache.remember(request, generation)
     stored = got.get(key(user))
     if stored is not None and stored[0] == generation:
         # Where ModelBackend.get_all_permissions and roles.role_names keep what they read.

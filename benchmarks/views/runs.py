@@ -69,7 +69,7 @@ def run_detail(request, pk):
     if not head.is_finished:
         run = _run(pk)  # all of it: the page is live and not shared
         points, _ = points_after(run)
-        context = {**_context(run), "run": run, "points": points, "title": str(run)}
+        context = {**_context(run), "points": points, "title": str(run)}
         return render(request, "benchmarks/run_detail.html", context)
     full = cache(lambda: _run(pk))
     body = cache(lambda: _context(full()))

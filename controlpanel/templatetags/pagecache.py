@@ -6,6 +6,8 @@ none of its queries. With ``as var`` the part is not written out but kept in ``v
 page that decides around it, such as whether anything is listed at all)."""
 
 from django import template
+from django.middleware.csrf import get_token
+from django.utils.functional import SimpleLazyObject
 from django.utils.safestring import mark_safe
 
 from controlpanel import pagecache
@@ -32,7 +34,13 @@ class SharedNode(template.Node):
 
         html = pagecache.shared(request, name, render, vary)
         if request is not None:
-            html = pagecache.with_csrf_tokens(str(html), context.get("csrf_token"))
+            # The page's own token (one per page, as {% csrf_token %} would give); a context
+            # built without the CSRF processor gets the request's.
+            token = context.get("csrf_token")
+            html = pagecache.with_csrf_tokens(
+                str(html),
+                token if token is not None else SimpleLazyObject(lambda: get_token(request)),
+            )
         # What is stored is this node's own output, already escaped where it had to be.
         html = mark_safe(html)  # noqa: S308 - the template's own escaped output
         if self.target:

@@ -268,7 +268,7 @@ def test_a_shared_part_with_forms_gets_each_viewers_own_csrf_token(operator, dja
     assert refused.status_code == 403
 
 
-def test_the_csrf_placeholder_is_secret_and_never_reaches_a_page(settings):
+def test_the_csrf_placeholder_is_secret_and_replaced_wherever_it_stands(settings):
     """Someone who can write text into a shared part (a host's notes) cannot have a viewer's
     token written into it: the placeholder is derived from SECRET_KEY."""
     placeholder = pagecache.csrf_placeholder()
@@ -458,3 +458,19 @@ def test_a_write_in_the_same_process_moves_the_requests_generation(rf, viewer):
     assert pagecache.part_key(request, "p") == before  # remembered
     pagecache.bump()
     assert pagecache.part_key(request, "p") != before
+
+
+def test_a_part_rendered_without_the_csrf_processor_still_gets_the_requests_token(rf, viewer):
+    """A plain Context with the request (no context processors): the form gets the request's
+    own token, never "None"."""
+    from django.middleware.csrf import get_token
+    from django.template import Context, Template
+
+    request = rf.get("/hosts/")
+    request.user = viewer
+    html = Template(
+        '{% load pagecache %}{% shared "p" %}<form>{% csrf_token %}</form>{% endshared %}'
+    ).render(Context({"request": request}))
+    (token,) = _tokens(html)
+    assert token not in ("None", pagecache.csrf_placeholder())
+    assert len(token) == len(get_token(request)) == 64
