@@ -103,3 +103,69 @@ def test_the_production_application_uses_the_one_hop_handler():
 
     assert isinstance(asgi.django_asgi_app, OneHopASGIHandler)
     assert asgi.django_asgi_app._middleware_chain is not None
+
+
+def test_requests_reuse_their_threads_instead_of_starting_new_ones(monkeypatch):
+    """Django's handler starts a thread per request (and another to join it); the production
+    handler hands each request a thread kept from an earlier one, and every step of one
+    request (its signals, chain and view) still runs in that one thread."""
+    import threading
+
+    from django.core.handlers.asgi import ASGIHandler
+    from django.core.signals import request_finished, request_started
+
+    from controlpanel.onethread import OneHopASGIHandler
+
+    seen = []
+
+    def note(**kwargs):
+        seen.append(threading.current_thread())  # the object: an ident may be reused
+
+    request_started.connect(note)
+    request_finished.connect(note)
+    try:
+        handler = OneHopASGIHandler()
+        for _ in range(3):
+            status, _hops = _asgi_hops(monkeypatch, handler, "/healthz")
+            assert status == 200
+        reused = list(seen)
+        seen.clear()
+        django_own = ASGIHandler()
+        for _ in range(3):
+            status, _hops = _asgi_hops(monkeypatch, django_own, "/healthz")
+            assert status == 200
+    finally:
+        request_started.disconnect(note)
+        request_finished.disconnect(note)
+    # Each _asgi_hops runs its own event loop; a kept thread serves all three requests.
+    assert len(reused) == 6 and len(set(reused)) == 1, reused
+    assert handler.threads.started == 1
+    # Django's own: a new thread each request (started and finished in the same one).
+    assert len(set(seen)) == 3 and seen[0] == seen[1], seen
+
+
+def test_a_request_thread_is_kept_only_once_its_work_is_done():
+    """A view still running after its request ended (asgiref does not wait for it when the
+    client leaves) keeps its thread: the next request gets another, not a queue behind it."""
+    import threading
+
+    from controlpanel.onethread import RequestThreads
+
+    threads = RequestThreads()
+    first = threads.take()
+    release = threading.Event()
+    running = first.submit(release.wait, 30)
+    threads.give_back(first)
+    second = threads.take()
+    assert second is not first and threads.started == 2
+    release.set()
+    assert running.result(timeout=30) is True
+    threads.give_back(second)
+    # Both come back once idle (the callbacks run in the executors' own threads).
+    deadline = threading.Event()
+    for _ in range(300):
+        if len(threads._free) == 2:
+            break
+        deadline.wait(0.1)
+    assert {threads.take(), threads.take()} == {first, second}
+    assert threads.started == 2
