@@ -73,9 +73,11 @@ def _no_state_from_other_tests():
     from django.core.cache import cache
 
     from changes.services import diagnosis_facts
+    from controlpanel import pagecache
 
     if settings.CACHES["default"]["BACKEND"].endswith("LocMemCache"):
         cache.clear()
+    pagecache.clear_local()
     diagnosis_facts.clear_caches()
     yield
 
