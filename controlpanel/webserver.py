@@ -89,7 +89,7 @@ def uvicorn_argv(environ: dict[str, str] | None = None) -> list[str]:
     environ = os.environ if environ is None else environ
     return [
         "uvicorn",
-        "controlpanel.asgi:application",
+        "controlpanel.webapp:application",
         "--host",
         environ.get("WEB_HOST") or DEFAULT_BIND_HOST,
         "--port",

@@ -1,5 +1,7 @@
 """The production web tier's command line (controlpanel/webserver.py)."""
 
+import json
+
 import pytest
 
 from controlpanel import webserver
@@ -29,7 +31,7 @@ def test_a_bad_web_concurrency_stops_with_a_message(value):
 
 def test_command_line_keeps_the_proxy_header_rules_and_recycles_workers():
     argv = webserver.uvicorn_argv({"WEB_CONCURRENCY": "2"})
-    assert argv[:2] == ["uvicorn", "controlpanel.asgi:application"]
+    assert argv[:2] == ["uvicorn", "controlpanel.webapp:application"]
     assert flag(argv, "--host") == "0.0.0.0" and flag(argv, "--port") == "8000"
     assert "--proxy-headers" in argv
     # Never "*" by default: X-Forwarded-For is believed only from the proxy.
@@ -107,3 +109,25 @@ def test_no_autogroup_is_no_error(monkeypatch, tmp_path):
     monkeypatch.setattr(webserver.os, "getsid", lambda pid: 42)
     monkeypatch.setattr(webserver.os, "getpid", lambda: 42)
     webserver.lower_priority(5)
+
+
+def test_the_served_application_runs_with_a_tuned_collector():
+    """controlpanel.webapp (what uvicorn serves): the same application as controlpanel.asgi,
+    with the start-up objects frozen and the first generation's threshold raised. In a
+    process of its own: the test run's collector is left as it is."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gc, json; base = gc.get_threshold()\n"
+        "from controlpanel import asgi, webapp\n"
+        "print(json.dumps([webapp.application is asgi.application, gc.get_freeze_count(),"
+        " list(gc.get_threshold()), list(base)]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    same, frozen, threshold, default = json.loads(out.strip().splitlines()[-1])
+    assert same
+    assert frozen > 10_000  # Django and the apps, out of the collector's walks
+    assert threshold == [10_000, 50, 100] and default[0] == 700
