@@ -28,7 +28,7 @@ from hosts.choices import (
     Runner,
     TransportKind,
 )
-from hosts.credentials import CredentialBinding
+from hosts.credentials import SECRET_FIELDS, CredentialBinding
 from hosts.engines.launch import LaunchConfig, Placement
 
 # Re-exported: telemetry rows live in their own module, named from here as before.
@@ -186,9 +186,16 @@ class Host(CredentialBinding, models.Model):
 
     @property
     def has_credentials(self) -> bool:
+        """Whether the transport's credential is stored (set, if unreadable). A host read by
+        ``without_secrets`` answers from its flags, without reading or decrypting a secret."""
+        flags = self.__dict__
         if self.transport == TransportKind.AGENT:
-            return bool(self.agent_token)
-        return bool(self.ssh_username and self.ssh_private_key)
+            stored = flags.get("agent_token_stored")
+            return bool(self.agent_token) if stored is None else stored
+        stored = flags.get("ssh_private_key_stored")
+        return bool(self.ssh_username) and (
+            bool(self.ssh_private_key) if stored is None else stored
+        )
 
     def clean(self):
         super().clean()
@@ -220,6 +227,21 @@ class Host(CredentialBinding, models.Model):
 
     def latest_check(self):
         return self.checks.order_by("-created_at", "-pk").first()
+
+
+def without_secrets(hosts: models.QuerySet) -> models.QuerySet:
+    """``hosts`` with their encrypted columns left unread (read, and decrypted, only where
+    used: the poll builds a host's transport once, not every second) and whether each is
+    stored, for ``Host.has_credentials``. The telemetry poll reads its hosts every second:
+    decrypting three secrets per host was 4 % of the worker's time at 500 hosts."""
+    return hosts.defer(*SECRET_FIELDS).annotate(
+        **{
+            f"{name}_stored": models.ExpressionWrapper(
+                ~models.Q(**{name: ""}), output_field=models.BooleanField()
+            )
+            for name in ("agent_token", "ssh_private_key")
+        }
+    )
 
 
 class Gpu(models.Model):

@@ -41,12 +41,13 @@ from django.utils import timezone
 
 from controlpanel.realtime import group_name
 from hosts.choices import HostStatus, TransportKind
-from hosts.models import Gpu, Host
+from hosts.credentials import SECRET_FIELDS
+from hosts.models import Gpu, Host, without_secrets
 from hosts.models_telemetry import GPU_MAP_VERSION_KEY
 from hosts.services import telemetry as single
 from hosts.services import telemetry_loop, telemetry_sql
 from hosts.services.hosts import offer_host_key, set_status
-from hosts.services.transports import forget_transport, poll_transport
+from hosts.services.transports import forget_transport, has_poll_transport, poll_transport
 from hosts.transport.base import AuthError, HostKeyMismatch, TransportError
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,9 @@ class ShardResult:
 
 def shard_hosts(shard: int, shards: int):
     """The hosts of ``shard`` out of ``shards``: every host in exactly one shard."""
-    # The GPUs come from the process's map (gpu_map), not from a query a second.
-    hosts = Host.objects.prefetch_related("deployments__gpus")
+    # The GPUs come from the process's map (gpu_map), not from a query a second; the secrets
+    # only where a host's transport is built (hosts.services.transports.poll_transport).
+    hosts = without_secrets(Host.objects.prefetch_related("deployments__gpus"))
     if shards > 1:
         hosts = hosts.alias(shard=F("id") % shards).filter(shard=shard)
     return hosts
@@ -132,6 +134,7 @@ def poll_hosts(hosts: list[Host], *, deadline: float | None = None) -> ShardResu
     result = ShardResult(hosts=len(hosts))
     if not hosts:
         return result
+    _read_secrets_to_build(hosts)
     answers: queue.Queue = queue.Queue()
     fetcher = threading.Thread(target=_fetch_all, args=(hosts, answers), daemon=True)
     fetcher.start()
@@ -183,6 +186,18 @@ def _failed(host: Host, outcome: object) -> bool:
 
 
 # --- fetching ----------------------------------------------------------------------------------
+def _read_secrets_to_build(hosts: list[Host]) -> None:
+    """The secrets of the hosts (read ``without_secrets``) whose poll transport is still to be
+    built, in one query here: the fetching thread would otherwise read each one deferred, a
+    query per secret from a thread of its own."""
+    unbuilt = {host.pk: host for host in hosts if not has_poll_transport(host)}
+    if not unbuilt:
+        return
+    for row in Host.objects.filter(pk__in=unbuilt).only(*SECRET_FIELDS):
+        for name in SECRET_FIELDS:
+            setattr(unbuilt[row.pk], name, getattr(row, name))
+
+
 def _fetch_all(hosts: list[Host], answers: queue.Queue) -> None:
     """Put ``(host, reading or exception)`` on ``answers`` for every host, as each answers."""
     plain, threaded = [], []

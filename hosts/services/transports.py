@@ -134,6 +134,13 @@ def poll_transport(host: Host) -> Transport:
     return transport
 
 
+def has_poll_transport(host: Host) -> bool:
+    """Whether ``poll_transport(host)`` has its transport already (built for this host row)."""
+    with _poll_lock:
+        cached = _poll_transports.get(host.pk)
+    return cached is not None and cached[0] == host.updated_at
+
+
 def forget_transport(pk: int) -> None:
     """Close and drop the cached transport of host ``pk`` (its settings changed, or it failed)."""
     with _poll_lock:

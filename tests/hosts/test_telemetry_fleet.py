@@ -4,6 +4,7 @@ fleet simulator (hosts.agent.fleet), a slow host that does not hold back the oth
 
 import asyncio
 import os
+import re
 import threading
 
 import pytest
@@ -329,3 +330,56 @@ def test_a_late_shard_task_skips_the_hosts_just_read(settings):
     assert [h.name for h in kept] == ["due", "never", "down"]
     later = now + timedelta(seconds=0.5)
     assert "just-read" in [h.name for h in telemetry_fleet.not_just_polled([just_read], later)]
+
+
+def test_the_pollers_second_read_decrypts_no_secret(fleet_agents, monkeypatch):
+    """The poll reads its hosts every second without their encrypted columns: secrets are
+    read (in one query, in the poll's own thread) only for a host whose transport is still to
+    be built, and once built none is read or decrypted again."""
+    from controlpanel import crypto
+
+    hosts, _hold, _state = fleet_agents
+    telemetry_fleet.poll_hosts(due(hosts))  # the inventories learned (a full read each)
+    for host in hosts:
+        forget_transport(host.pk)
+    decrypted = []
+    real = crypto.decrypt
+    monkeypatch.setattr(crypto, "decrypt", lambda value: decrypted.append(value) or real(value))
+    with CaptureQueriesContext(connection) as first:
+        result = telemetry_fleet.poll_hosts(due(hosts))
+    assert result.failed == 0 and result.samples == 24
+    assert len(decrypted) == 3  # the three agents' tokens, once each
+    assert len(_secret_reads(first)) == 1
+    decrypted.clear()
+    with CaptureQueriesContext(connection) as second:
+        result = telemetry_fleet.poll_hosts(due(hosts))
+    assert result.failed == 0 and result.samples == 24
+    assert decrypted == []
+    assert _secret_reads(second) == []
+
+
+def _secret_reads(captured) -> list[str]:
+    """The statements that select a host's token (not the flag of whether one is stored)."""
+    selected = re.compile(r'"agent_token"(,| FROM)')
+    return [q["sql"] for q in captured.captured_queries if selected.search(q["sql"])]
+
+
+@pytest.mark.parametrize(
+    ("transport", "fields", "expected"),
+    [
+        ("agent", {"agent_token": "t"}, True),
+        ("agent", {"agent_token": ""}, False),
+        ("ssh", {"ssh_username": "ops", "ssh_private_key": "KEY"}, True),
+        ("ssh", {"ssh_username": "", "ssh_private_key": "KEY"}, False),
+        ("ssh", {"ssh_username": "ops", "ssh_private_key": ""}, False),
+    ],
+)
+def test_a_host_read_without_secrets_knows_whether_they_are_stored(transport, fields, expected):
+    from hosts.models import without_secrets
+
+    host = make_host(transport=transport, **{"agent_token": "", **fields})
+    read = without_secrets(Host.objects.filter(pk=host.pk)).get()
+    assert host.has_credentials is expected
+    with CaptureQueriesContext(connection) as captured:
+        assert read.has_credentials is expected
+    assert len(captured) == 0  # from the flags: no secret read
