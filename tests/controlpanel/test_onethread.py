@@ -134,6 +134,7 @@ def test_requests_reuse_their_threads_instead_of_starting_new_ones(monkeypatch):
         for _ in range(3):
             status, _hops = _asgi_hops(monkeypatch, handler, "/healthz")
             assert status == 200
+            _until_given_back(handler.threads, 1)
         reused = list(seen)
         seen.clear()
         django_own = ASGIHandler()
@@ -148,6 +149,16 @@ def test_requests_reuse_their_threads_instead_of_starting_new_ones(monkeypatch):
     assert handler.threads.started == 1
     # Django's own: a new thread each request (started and finished in the same one).
     assert len(set(seen)) == 3 and seen[0] == seen[1], seen
+
+
+def _until_given_back(threads, count: int) -> None:
+    """Wait (up to 30 s) until ``count`` executors are back on the free list: an executor
+    comes back from its own thread once its queue is done, a moment after its request."""
+    import time
+
+    deadline = time.monotonic() + 30
+    while len(threads._free) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def test_a_request_thread_is_kept_only_once_its_work_is_done():
@@ -168,11 +179,7 @@ def test_a_request_thread_is_kept_only_once_its_work_is_done():
     assert running.result(timeout=30) is True
     threads.give_back(second)
     # Both come back once idle (the callbacks run in the executors' own threads).
-    deadline = threading.Event()
-    for _ in range(300):
-        if len(threads._free) == 2:
-            break
-        deadline.wait(0.1)
+    _until_given_back(threads, 2)
     assert {threads.take(), threads.take()} == {first, second}
     assert threads.started == 2
 
