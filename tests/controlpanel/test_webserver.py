@@ -113,7 +113,8 @@ def test_no_autogroup_is_no_error(monkeypatch, tmp_path):
 
 def test_the_served_application_runs_with_a_tuned_collector():
     """controlpanel.webapp (what uvicorn serves): the same application as controlpanel.asgi,
-    with the start-up objects frozen and the first generation's threshold raised. In a
+    with the start-up objects frozen, the first generation's threshold raised and a shorter
+    GIL switch interval. In a
     process of its own: the test run's collector is left as it is."""
     import subprocess
     import sys
@@ -121,13 +122,15 @@ def test_the_served_application_runs_with_a_tuned_collector():
     code = (
         "import gc, json; base = gc.get_threshold()\n"
         "from controlpanel import asgi, webapp\n"
+        "import sys\n"
         "print(json.dumps([webapp.application is asgi.application, gc.get_freeze_count(),"
-        " list(gc.get_threshold()), list(base)]))"
+        " list(gc.get_threshold()), list(base), sys.getswitchinterval()]))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     ).stdout
-    same, frozen, threshold, default = json.loads(out.strip().splitlines()[-1])
+    same, frozen, threshold, default, switch = json.loads(out.strip().splitlines()[-1])
     assert same
     assert frozen > 10_000  # Django and the apps, out of the collector's walks
     assert threshold == [10_000, 50, 100] and default[0] == 700
+    assert switch == pytest.approx(0.001)  # CPython's default: 0.005
