@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cached_property
 
+from django.db import connection
 from django.utils import timezone
 
 from benchmarks.models import BenchmarkRun
@@ -129,25 +130,68 @@ def attention(user) -> Attention:
     since = timezone.now() - timedelta(days=RECENT_DAYS)
     changes, sweeps = reviews_waiting(user)
     found = Attention(user=user, changes=changes[:SHOWN], sweeps=sweeps[:SHOWN])
-    if user.has_perm("benchmarks.view_benchmarkrun"):
+    may_see_runs = user.has_perm("benchmarks.view_benchmarkrun")
+    may_see_changes = user.has_perm("changes.view_changerequest")
+    if not (may_see_runs or may_see_changes):
+        return found
+    runs_failed, changes_failed = _own_failures_exist(user, since)
+    if may_see_runs and runs_failed:
         found.failed_runs = list(
-            BenchmarkRun.objects.filter(
-                requested_by=user, status=OperationStatus.FAILED, created_at__gte=since
-            )
+            _own_failed_runs(user, since)
             .select_related("deployment__host")
             .only(*OWN_ROW_FIELDS, "status", "label", "created_at")[:SHOWN]
         )
-    if user.has_perm("changes.view_changerequest"):
+    if may_see_changes and changes_failed:
         found.failed_changes = list(
-            ChangeRequest.objects.filter(
-                proposed_by=user,
-                state__in=(ChangeState.FAILED, ChangeState.ROLLED_BACK),
-                finished_at__gte=since,
-            )
+            _own_failed_changes(user, since)
             .select_related("deployment__host")
             .only(*OWN_ROW_FIELDS, "state", "title", "finished_at")[:SHOWN]
         )
     return found
+
+
+def _own_failed_runs(user, since):
+    return BenchmarkRun.objects.filter(
+        requested_by=user, status=OperationStatus.FAILED, created_at__gte=since
+    )
+
+
+def _own_failed_changes(user, since):
+    return ChangeRequest.objects.filter(
+        proposed_by=user,
+        state__in=(ChangeState.FAILED, ChangeState.ROLLED_BACK),
+        finished_at__gte=since,
+    )
+
+
+def _own_failures_exist(user, since) -> tuple[bool, bool]:
+    """Whether ``_own_failed_runs`` and ``_own_failed_changes`` have a row: one statement of
+    two EXISTS subqueries written out here (tests hold it to the querysets' answers). Every
+    dashboard view asks and the answer is usually no, while merely building the two
+    querysets cost ~0.85 ms of CPU each, a fifth of a dashboard view served from the shared
+    cards; the lists are read only when there is something to list."""
+    q = connection.ops.quote_name
+    run, change = BenchmarkRun._meta, ChangeRequest._meta
+
+    def column(meta, name: str) -> str:
+        return q(meta.get_field(name).column)
+
+    # Names from the models' _meta, quoted; every value is a bound parameter.
+    sql = (
+        f"SELECT EXISTS (SELECT 1 FROM {q(run.db_table)}"  # noqa: S608
+        f" WHERE {column(run, 'requested_by')} = %s AND {column(run, 'status')} = %s"
+        f" AND {column(run, 'created_at')} >= %s),"
+        f" EXISTS (SELECT 1 FROM {q(change.db_table)}"
+        f" WHERE {column(change, 'proposed_by')} = %s AND {column(change, 'state')} IN (%s, %s)"
+        f" AND {column(change, 'finished_at')} >= %s)"
+    )
+    when = connection.ops.adapt_datetimefield_value(since)
+    params = [user.pk, OperationStatus.FAILED.value, when]
+    params += [user.pk, ChangeState.FAILED.value, ChangeState.ROLLED_BACK.value, when]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        runs, changes = cursor.fetchone()
+    return bool(runs), bool(changes)
 
 
 def fleet_attention(user) -> tuple[list, list, int]:

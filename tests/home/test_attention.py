@@ -238,3 +238,44 @@ def test_the_navigation_links_follow_the_script_prefix(rf, viewer):
         set_script_prefix("/")
     assert plain[:2] == ["/", "/hosts/"]
     assert prefixed == ["/panel" + url for url in plain]
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        ([], (False, False)),
+        ([("run", "mine", "failed", 1)], (True, False)),
+        ([("run", "mine", "failed", 8)], (False, False)),  # outside the week
+        ([("run", "theirs", "failed", 1)], (False, False)),
+        ([("run", "mine", "succeeded", 1)], (False, False)),
+        ([("change", "mine", "failed", 1)], (False, True)),
+        ([("change", "mine", "rolled_back", 2)], (False, True)),
+        ([("change", "mine", "failed", 9)], (False, False)),
+        ([("change", "theirs", "rolled_back", 1)], (False, False)),
+        ([("change", "mine", "pending", None)], (False, False)),
+        ([("run", "mine", "failed", 3), ("change", "mine", "rolled_back", 3)], (True, True)),
+    ],
+)
+def test_the_one_statement_check_agrees_with_the_lists(rows, expected, approver, operator):
+    """The dashboard asks in one statement whether the user has failures to list (written out
+    in SQL): it must say what the lists' own querysets say, on SQLite and PostgreSQL."""
+    from benchmarks.models import BenchmarkRun
+    from home import attention as module
+
+    deployment = _deployment()
+    now = timezone.now()
+    for kind, whose, state, days in rows:
+        user = approver if whose == "mine" else operator
+        when = None if days is None else now - timedelta(days=days)
+        if kind == "run":
+            run = make_run(deployment, requested_by=user, status=state)
+            BenchmarkRun.objects.filter(pk=run.pk).update(created_at=when)
+        else:
+            _change(deployment, user, state=state, finished_at=when)
+    since = now - timedelta(days=module.RECENT_DAYS)
+    by_the_lists = (
+        module._own_failed_runs(approver, since).exists(),
+        module._own_failed_changes(approver, since).exists(),
+    )
+    assert by_the_lists == expected
+    assert module._own_failures_exist(approver, since) == expected
