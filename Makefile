@@ -26,7 +26,7 @@ venv: $(STAMP) ## Create .venv and install the panel with its dev tools
 run: $(STAMP) ## Run the panel (embedded: SQLite, in-process worker, demo fleet) on http://127.0.0.1:8000
 	$(PY) manage.py serve --demo --host $(HOST) --port $(PORT)
 
-test: $(STAMP) ## Run the whole suite: unit tests on SQLite, then everything on PostgreSQL + Redis
+test: $(STAMP) ## Run the whole suite once, in parallel, on PostgreSQL + Redis (timing tests in a lane of their own)
 	$(PY) scripts/run_tests.py
 
 lint: $(STAMP) ## ruff check + format check + import layers (import-linter)

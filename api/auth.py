@@ -24,8 +24,11 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
     """A user's API token (``api.models.ApiToken``). ``request.auth`` is the token's row.
 
     An address that sent ``API_TOKEN_FAILURE_LIMIT`` unknown, revoked or expired tokens within
-    ``API_TOKEN_FAILURE_WINDOW`` seconds gets 429 for the rest of the window, good token or
-    not: a token has 256 random bits, so this only stops a flood, not a lucky guess."""
+    ``API_TOKEN_FAILURE_WINDOW`` seconds gets 429 for its bad tokens for the rest of the window:
+    a token has 256 random bits, so this only slows a flood, not a lucky guess. A good token
+    from that address still works: many clients share one address behind a NAT or a proxy
+    (Prometheus scrapers, CI runners), and one of them guessing must not lock out the rest
+    (issue 38)."""
 
     def authenticate(self, request):
         header = authentication.get_authorization_header(request).decode("latin-1")
@@ -36,11 +39,11 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         address = client_address(request)
         key = _failures_key(address)
         window = settings.API_TOKEN_FAILURE_WINDOW
-        if (cache.get(key) or 0) >= settings.API_TOKEN_FAILURE_LIMIT:
+        token = tokens.resolve(raw) if raw else None
+        if token is None and (cache.get(key) or 0) >= settings.API_TOKEN_FAILURE_LIMIT:
             raise exceptions.Throttled(
                 wait=window, detail="Too many bad API tokens from this address."
             )
-        token = tokens.resolve(raw) if raw else None
         if token is None:
             if cache.add(key, 1, timeout=window) is False:
                 try:

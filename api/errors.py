@@ -1,15 +1,23 @@
-"""One error shape for every 4xx of the API: problem details (RFC 9457).
+"""One error shape for every error of the API: problem details (RFC 9457).
 
 ``{"type", "title", "status", "detail", "errors"}``, served as ``application/problem+json``;
-``errors`` maps each field (``non_field_errors`` for the whole body) to its messages."""
+``errors`` maps each field (``non_field_errors`` for the whole body) to its messages. An
+unexpected exception is a 500 of the same shape: logged with its traceback under a reference
+the body gives, and nothing of the exception (message, traceback, settings) in the body."""
 
 from __future__ import annotations
 
+import logging
+import uuid
+
 from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.http import Http404, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
-from rest_framework.views import exception_handler
+from rest_framework.views import exception_handler, set_rollback
+
+log = logging.getLogger(__name__)
 
 PROBLEM_BASE = "/api/v1/problems/"
 TITLES = {
@@ -22,6 +30,7 @@ TITLES = {
     409: "Conflict",
     415: "Unsupported media type",
     429: "Too many requests",
+    500: "Server error",
 }
 SLUGS = {
     400: "invalid",
@@ -33,6 +42,7 @@ SLUGS = {
     409: "conflict",
     415: "unsupported-media-type",
     429: "throttled",
+    500: "server-error",
 }
 
 
@@ -71,7 +81,9 @@ def problem_handler(exc, context):
         exc = exceptions.PermissionDenied()
     response = exception_handler(exc, context)
     if response is None:
-        return None  # not an API error: a real 500, logged as such
+        request = context.get("request")
+        set_rollback()
+        return internal_error(getattr(request, "path", ""), exc)
     data = response.data
     if isinstance(exc, exceptions.ValidationError):
         errors = data if isinstance(data, dict) else {"non_field_errors": _flatten(data)}
@@ -94,3 +106,29 @@ def problem_handler(exc, context):
         headers={k: v for k, v in response.items() if k.lower() in kept},
         content_type="application/problem+json" if as_json else None,
     )
+
+
+def internal_error(path: str, exc: BaseException | None = None) -> JsonResponse:
+    """The 500 of an unexpected exception: logged (with its traceback, when there is one)
+    under a reference that the body gives, so an operator can find it; the body says
+    nothing else about it. Always JSON, never the browsable API's page: rendering that page
+    is more code that could fail."""
+    reference = uuid.uuid4().hex[:12]
+    log.error(
+        "API error %s on %s",
+        reference,
+        path,
+        exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else False,
+    )
+    body = problem(500, f"An unexpected error occurred; it is logged as {reference}.")
+    body["reference"] = reference
+    return JsonResponse(body, status=500, content_type="application/problem+json")
+
+
+def server_error(request, *args, **kwargs):
+    """The project's ``handler500``: under ``/api/v1/`` (an error outside a DRF view's own
+    handling, e.g. in a middleware; Django has logged its traceback) problem details too,
+    elsewhere (the pages, ``/api/tokens/`` among them) Django's page."""
+    if request.path.startswith("/api/v1/"):
+        return internal_error(request.path)
+    return defaults.server_error(request, *args, **kwargs)

@@ -46,6 +46,28 @@ class FindingSerializer(serializers.Serializer):
         return user.get_username() if user else None
 
 
+class FreshnessSerializer(serializers.Serializer):
+    """How current the findings are (the host page's line above them, as data)."""
+
+    stale = serializers.BooleanField(
+        help_text="True when the advisor failed since its last good pass, or has not run "
+        "for three of its intervals."
+    )
+    as_of = serializers.DateTimeField(
+        allow_null=True, help_text="The last good evaluation (else the newest sighting)."
+    )
+    age_s = serializers.IntegerField(allow_null=True, help_text="Seconds since as_of.")
+    reason = serializers.CharField(help_text="Why they are stale, in words; empty if not.")
+    failed_since = serializers.DateTimeField(
+        allow_null=True, help_text="When the advisor's passes began to fail."
+    )
+    error_class = serializers.CharField(help_text="The failing pass's exception class.")
+    text = serializers.CharField(
+        help_text="The page's line: \"as of 14:02 (12 min ago): the advisor failed since "
+        '14:03: TypeError".'
+    )
+
+
 class DiagnosisSerializer(serializers.Serializer):
     """A deployment's active findings and how the last evaluation went."""
 
@@ -58,6 +80,7 @@ class DiagnosisSerializer(serializers.Serializer):
         help_text="Whether the last evaluation read the engine's /metrics.",
     )
     engine_error = serializers.CharField(help_text="Why the engine could not be read.")
+    freshness = FreshnessSerializer()
     findings = FindingSerializer(many=True)
 
 

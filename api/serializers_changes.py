@@ -12,8 +12,10 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from api.base import StrictSerializerMixin
+from benchmarks.services import probes
 from changes.choices import Decision
 from changes.models import ChangeRequest
+from changes.verdict import verdict_text
 from hosts.engines.redaction import masked
 from hosts.models import Deployment, EngineConfig
 
@@ -145,18 +147,78 @@ class ChangeCheckSerializer(serializers.Serializer):
     after = serializers.FloatField(allow_null=True)
     change = serializers.FloatField(allow_null=True, required=False)
     limit = serializers.CharField()
+    limit_value = serializers.FloatField(
+        allow_null=True,
+        required=False,
+        help_text="The limit on the baseline run the verdict compares against (ms, or a "
+        "share for the error rate).",
+    )
+    limit_applied = serializers.CharField(
+        required=False,
+        help_text="The limit as it applies, in the page's words: "
+        '"+20 % of run #12\'s 412.0 ms = 494.4 ms".',
+    )
+    noise = serializers.ListField(
+        child=serializers.FloatField(),
+        required=False,
+        help_text="The change's range within the runs' noise bands (low, high).",
+    )
+    noisy = serializers.BooleanField(
+        required=False, help_text="true: not judged, the noise band spans the limit."
+    )
     ok = serializers.BooleanField(allow_null=True, help_text="null: not judged (see note).")
     note = serializers.CharField(required=False)
+
+
+class ChangeExtraRunsSerializer(serializers.Serializer):
+    budget = serializers.IntegerField(help_text="Extra verification runs the change allows.")
+    measured = serializers.IntegerField(help_text="Extra verification runs measured.")
+    pooled = serializers.IntegerField(
+        help_text="Of those, measured under the baseline's conditions and pooled."
+    )
 
 
 class ChangeVerdictSerializer(serializers.Serializer):
     outcome = serializers.CharField(help_text="verified, regressed or inconclusive")
     regressed = serializers.BooleanField()
-    reason = serializers.CharField(allow_blank=True)
+    reason = serializers.CharField(
+        allow_blank=True,
+        help_text="Why, in the page's words (\"cannot judge TTFT p95: run-to-run noise ±48 % "
+        '… spans the limit +20 %", "hard guard: …").',
+    )
+    text = serializers.CharField(help_text="The verdict in one line, as the timeline says it.")
     checks = ChangeCheckSerializer(many=True)
     throughput_change = serializers.FloatField(allow_null=True)
     conditions = serializers.ListField(child=serializers.DictField())
     notes = serializers.ListField(child=serializers.CharField())
+    guards = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="Hard guards that fired (preemptions or a saturated KV cache new under the "
+        "change, an engine restart): each rolls the change back whatever the noise.",
+    )
+    measure_more = serializers.BooleanField(
+        help_text="Only the run-to-run noise kept a latency from being judged."
+    )
+    baseline_run = serializers.IntegerField(
+        allow_null=True, help_text="The run the verdict compares against."
+    )
+    verification_runs = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="The runs of the new config whose requests were judged (pooled).",
+    )
+    extra_runs = ChangeExtraRunsSerializer(allow_null=True)
+
+
+class ChangeQualitySerializer(serializers.Serializer):
+    """The quality probe's verdict, in the words the change's page and timeline say."""
+
+    verdict = serializers.CharField(
+        help_text='"loss", "no loss", "no significant loss" or "cannot tell".'
+    )
+    reason = serializers.CharField()
+    text = serializers.CharField(help_text='"<verdict>: <reason>".')
+    baseline_probe = serializers.IntegerField(allow_null=True)
+    candidate_probe = serializers.IntegerField(allow_null=True)
 
 
 class ChangeLockSerializer(serializers.Serializer):
@@ -181,6 +243,11 @@ class ChangeDetailSerializer(ChangeItemSerializer):
     )
     baseline_run_id = serializers.IntegerField(allow_null=True)
     verification_run_id = serializers.IntegerField(allow_null=True)
+    extra_run_ids = serializers.SerializerMethodField()
+    max_extra_runs = serializers.IntegerField(
+        help_text="The noise budget: up to this many extra verification runs when the "
+        "run-to-run noise is too wide to judge a latency against its limit."
+    )
     base_config = ChangeConfigRefSerializer(allow_null=True)
     target_config = ChangeConfigRefSerializer(allow_null=True)
     snapshot_config = ChangeConfigRefSerializer(allow_null=True)
@@ -200,6 +267,7 @@ class ChangeDetailSerializer(ChangeItemSerializer):
     comments = serializers.SerializerMethodField()
     timeline = serializers.SerializerMethodField()
     verdict = serializers.SerializerMethodField()
+    quality = serializers.SerializerMethodField()
     lock = serializers.SerializerMethodField()
     pipeline_alive = serializers.SerializerMethodField()
     actions = serializers.SerializerMethodField()
@@ -221,6 +289,8 @@ class ChangeDetailSerializer(ChangeItemSerializer):
             "finding",
             "baseline_run_id",
             "verification_run_id",
+            "extra_run_ids",
+            "max_extra_runs",
             *THRESHOLDS,
             "base_config",
             "target_config",
@@ -238,6 +308,7 @@ class ChangeDetailSerializer(ChangeItemSerializer):
             "comments",
             "timeline",
             "verdict",
+            "quality",
             "lock",
             "pipeline_alive",
             "actions",
@@ -319,6 +390,16 @@ class ChangeDetailSerializer(ChangeItemSerializer):
             )
         return ChangeTimelineItemSerializer(rows, many=True).data
 
+    @extend_schema_field(ChangeQualitySerializer(allow_null=True))
+    def get_quality(self, change: ChangeRequest) -> dict | None:
+        if not change.quality_comparison:
+            return None
+        return {
+            **probes.quality_verdict(change.quality_comparison),
+            "baseline_probe": change.quality_baseline_id,
+            "candidate_probe": change.quality_run_id,
+        }
+
     @extend_schema_field(ChangeVerdictSerializer(allow_null=True))
     def get_verdict(self, change: ChangeRequest) -> dict | None:
         result = change.comparison
@@ -330,10 +411,16 @@ class ChangeDetailSerializer(ChangeItemSerializer):
             "outcome": result.get("outcome") or ("regressed" if regressed else "verified"),
             "regressed": regressed,
             "reason": result.get("reason") or "",
+            "text": verdict_text(result),
             "checks": result.get("checks") or [],
             "throughput_change": result.get("throughput_change"),
             "conditions": result.get("conditions") or [],
             "notes": result.get("notes") or [],
+            "guards": result.get("guards") or [],
+            "measure_more": bool(result.get("measure_more")),
+            "baseline_run": result.get("baseline_run"),
+            "verification_runs": result.get("verification_runs") or [],
+            "extra_runs": result.get("extra_runs"),
         }
 
     @extend_schema_field(ChangeLockSerializer(allow_null=True))
@@ -366,6 +453,15 @@ class ChangeDetailSerializer(ChangeItemSerializer):
     @extend_schema_field(serializers.FloatField(help_text="Percent."))
     def get_max_itl_p95_regression(self, change: ChangeRequest) -> float:
         return round(change.max_itl_p95_regression * 100, 6)
+
+    @extend_schema_field(
+        serializers.ListField(
+            child=serializers.IntegerField(),
+            help_text="The extra verification runs measured to narrow the noise band.",
+        )
+    )
+    def get_extra_run_ids(self, change: ChangeRequest) -> list[int]:
+        return sorted(run.pk for run in change.extra_runs.all())
 
     @extend_schema_field(serializers.FloatField(help_text="Accuracy points."))
     def get_max_quality_loss(self, change: ChangeRequest) -> float:
@@ -450,6 +546,13 @@ class ChangeProposeSerializer(StrictSerializerMixin, serializers.Serializer):
         required=False,
         help_text="Accuracy points (default 1): when a quality probe runs, a significant loss "
         "beyond this rolls the change back.",
+    )
+    max_extra_runs = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=5,
+        help_text="The noise budget (default 2): extra verification runs when the run-to-run "
+        "noise is too wide to judge a latency against its limit.",
     )
     window_start = serializers.DateTimeField(required=False, allow_null=True)
     window_end = serializers.DateTimeField(required=False, allow_null=True)

@@ -206,7 +206,9 @@ class ProbeGroupSerializer(serializers.Serializer):
     mcnemar_p = serializers.FloatField()
     loss = serializers.FloatField(help_text="Baseline accuracy minus candidate accuracy.")
     loss_ci = _pair()
-    verdict = serializers.CharField(help_text='"loss", "no loss" or "cannot tell".')
+    verdict = serializers.CharField(
+        help_text='This group\'s statistics: "loss", "no loss" or "cannot tell".'
+    )
     reason = serializers.CharField()
     agreement = serializers.FloatField(allow_null=True)
     json_items = serializers.IntegerField()
@@ -227,8 +229,13 @@ class ProbeComparisonSerializer(serializers.Serializer):
     simulated = serializers.BooleanField(help_text="Either side ran on a simulated engine.")
     max_loss = serializers.FloatField()
     confidence = serializers.FloatField()
-    verdict = serializers.CharField()
+    verdict = serializers.CharField(
+        help_text='The one quality verdict (as a change\'s page and timeline say it): "loss", '
+        '"no loss", "no significant loss" or "cannot tell" (too few items, or a baseline '
+        "that answers under 20 % or fewer than 10 items right)."
+    )
     reason = serializers.CharField()
+    text = serializers.CharField(help_text='"<verdict>: <reason>", the words the pages show.')
     groups = ProbeGroupSerializer(many=True)
     changed = serializers.ListField(child=serializers.DictField())
     only_in_baseline = serializers.ListField(child=serializers.CharField())

@@ -8,6 +8,7 @@ import math
 from rest_framework import serializers
 
 from api.base import StrictSerializerMixin
+from benchmarks.evidence import usable_as_evidence
 from benchmarks.metrics import HISTORY
 from benchmarks.models import MAX_SHARDS, LoadProfile
 from hosts.models import Deployment
@@ -45,6 +46,10 @@ class _RunRowSerializer(serializers.Serializer):
     completed = serializers.IntegerField(allow_null=True)
     failed = serializers.IntegerField(allow_null=True)
     currency = serializers.CharField(help_text="Of cost_per_million_output.")
+    client_limited = serializers.SerializerMethodField(
+        help_text="benchmarks.evidence's rule: {state: usable|client_limited|unknown, limited, "
+        "checked, reasons, unchecked} (no health numbers in a list row)."
+    )
 
     def get_profile_name(self, run) -> str | None:
         return run.load_profile.name if run.load_profile_id else None
@@ -54,6 +59,9 @@ class _RunRowSerializer(serializers.Serializer):
 
     def get_config_version(self, run) -> int | None:
         return run.engine_config.version if run.engine_config_id else None
+
+    def get_client_limited(self, run) -> dict:
+        return {k: v for k, v in usable_as_evidence(run).to_dict().items() if k != "health"}
 
 
 # A run as a row of the history: what it ran on and the history table's number columns,
@@ -109,6 +117,12 @@ class RunDetailSerializer(serializers.Serializer):
     notes = serializers.ListField(child=serializers.CharField())
     results = serializers.DictField(allow_null=True)
     shards = serializers.IntegerField(help_text="Load generators that sent the run's load.")
+    client_limited = serializers.DictField(
+        help_text="Whether the run may be evidence (benchmarks.evidence): state usable, "
+        "client_limited (refused by verdicts, the gate, the advisor, capacity, sweeps and the "
+        "cost ranking; reasons say why, with numbers) or unknown (no health measured: allowed, "
+        "not checked); health: the load generator's own numbers and the engine's view."
+    )
     shard_health = serializers.ListField(
         child=serializers.DictField(),
         help_text="Per shard of a sharded run: worker, sent/done/failed, clock offset ± "
@@ -187,6 +201,11 @@ class RunVerdictCheckSerializer(serializers.Serializer):
         allow_null=True, required=False, help_text="Relative (latency) or in points (errors)."
     )
     limit = serializers.CharField()
+    limit_applied = serializers.CharField(
+        required=False,
+        help_text="The limit on this baseline, as a change's page says it "
+        "(``changes.verdict.applied_limit``).",
+    )
     ok = serializers.BooleanField(allow_null=True, help_text="null: not judged (see note).")
     note = serializers.CharField(required=False)
     noise = serializers.ListField(
@@ -216,3 +235,9 @@ class RunVerdictSerializer(serializers.Serializer):
     throughput_change = serializers.FloatField(allow_null=True)
     conditions = RunConditionSerializer(many=True)
     notes = serializers.ListField(child=serializers.CharField())
+    guards = serializers.ListField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="Hard guards that fired (preemptions or a saturated KV cache new in the run, "
+        "an engine restart during it): a regression whatever the noise.",
+    )

@@ -21,6 +21,7 @@ from api.serializers_changes import (
 from benchmarks.models import LoadProfile
 from changes.choices import SweepState
 from changes.models_sweeps import LoadMode, Objective, Sweep, SweepTrial
+from changes.services import sweep_prediction
 from hosts.engines.redaction import masked
 from hosts.models import Deployment
 
@@ -170,6 +171,23 @@ class SweepProbeSerializer(serializers.Serializer):
     numbers = serializers.DictField()
 
 
+class SweepPredictionErrorSerializer(serializers.Serializer):
+    """How far the prediction was from the measurement for one quantity it predicts."""
+
+    quantity = serializers.CharField(
+        help_text="load_rate (req/s) or load_concurrency (users): the max load at the SLO; "
+        "output_tps_per_gpu, output_tps_per_user, ttft_p95_ms, cost_per_million."
+    )
+    name = serializers.CharField()
+    predicted = serializers.FloatField()
+    measured = serializers.FloatField()
+    predicted_text = serializers.CharField(help_text="With its unit: 503 req/s.")
+    measured_text = serializers.CharField()
+    error = serializers.FloatField(
+        help_text="(measured − predicted) ÷ predicted, each at its own max load at the SLO."
+    )
+
+
 class SweepTrialSerializer(serializers.ModelSerializer):
     """One config measured for real, beside what the simulator predicted for it."""
 
@@ -185,6 +203,7 @@ class SweepTrialSerializer(serializers.ModelSerializer):
     predicted_objective = serializers.SerializerMethodField()
     probes = serializers.SerializerMethodField()
     run_ids = serializers.SerializerMethodField()
+    prediction_errors = serializers.SerializerMethodField()
 
     class Meta:
         model = SweepTrial
@@ -205,6 +224,7 @@ class SweepTrialSerializer(serializers.ModelSerializer):
             "max_load",
             "met_slo",
             "prediction_error",
+            "prediction_errors",
             "numbers",
             "objective_value",
             "cost_per_million",
@@ -255,6 +275,12 @@ class SweepTrialSerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.ListField(child=serializers.IntegerField()))
     def get_run_ids(self, trial: SweepTrial) -> list[int]:
         return sorted(run.pk for run in trial.runs.all())
+
+    @extend_schema_field(SweepPredictionErrorSerializer(many=True))
+    def get_prediction_errors(self, trial: SweepTrial) -> list:
+        currency = (trial.sweep.target or {}).get("currency") or ""
+        rows = sweep_prediction.prediction_errors(trial, trial.sweep.load_mode, currency)
+        return SweepPredictionErrorSerializer(rows, many=True).data
 
 
 class SweepReviewSerializer(serializers.Serializer):
@@ -319,6 +345,10 @@ class SweepDetailSerializer(SweepItemSerializer):
     trials = SweepTrialSerializer(many=True)
     reviews = SweepReviewSerializer(many=True, source="approvals")
     actions = serializers.SerializerMethodField()
+    reach_warning = serializers.SerializerMethodField(
+        help_text="Why the profile cannot measure the highest loads the trials may search at "
+        "a steady state (empty when it can)."
+    )
 
     class Meta(SweepItemSerializer.Meta):
         fields = SweepItemSerializer.Meta.fields + [
@@ -335,7 +365,11 @@ class SweepDetailSerializer(SweepItemSerializer):
             "trials",
             "reviews",
             "actions",
+            "reach_warning",
         ]
+
+    def get_reach_warning(self, sweep: Sweep) -> str:
+        return sweep_prediction.reach_warning(sweep, list(sweep.trials.all()))
 
     @extend_schema_field(SweepBudgetSerializer)
     def get_budget(self, sweep: Sweep) -> dict:

@@ -491,6 +491,11 @@ class RunCost:
 # --- choosing -------------------------------------------------------------------------------
 
 
+# The error rate a run may have and still be a config to buy, unless the user says otherwise:
+# a config that fails one request in a hundred is not cheap whatever its cost per success.
+DEFAULT_MAX_ERROR_RATE = 0.01
+
+
 @dataclass(frozen=True)
 class Slo:
     """What a run must achieve to count: p95 TTFT at most ``ttft_p95_ms`` and, optionally,
@@ -540,6 +545,12 @@ class Option:
     cost: RunCost
     ttft_p95_ms: float | None = None
     label: str = ""
+    # Why its run may not be evidence ("client-limited: …", ``benchmarks.evidence``): such
+    # an option is never ranked, and says so.
+    refused: str | None = None
+    # The load profile its run measured ("chat v3"): a ranking compares one profile's runs
+    # only, since the same config is cheaper under a lighter load.
+    profile: str | None = None
 
     @property
     def currency(self) -> str:
@@ -562,6 +573,9 @@ class Ranking:
     missed: dict[Any, list[str]] = field(default_factory=dict)
     other_currency: list[Option] = field(default_factory=list)
     unpriced: dict[Any, str] = field(default_factory=dict)
+    refused: dict[Any, str] = field(default_factory=dict)
+    profile: str | None = None  # the one profile whose runs are ranked (None: any)
+    other_profile: dict[Any, str] = field(default_factory=dict)
 
     @property
     def cheapest(self) -> Option | None:
@@ -575,6 +589,13 @@ class Ranking:
             )
         if option.key in self.unpriced:
             return self.unpriced[option.key]
+        if option.key in self.refused:
+            return f"not ranked: {self.refused[option.key]}"
+        if option.key in self.other_profile:
+            return (
+                f"not ranked: profile {self.other_profile[option.key]}, not {self.profile} "
+                "(runs under different loads do not compare)"
+            )
         if option.key in self.missed:
             return "misses the SLO: " + "; ".join(self.missed[option.key])
         if self.cheapest is not None and option.key == self.cheapest.key:
@@ -584,20 +605,33 @@ class Ranking:
 
 
 def rank(
-    options: Iterable[Option], slo: Slo | None = None, *, currency: str, metric="per_request"
+    options: Iterable[Option],
+    slo: Slo | None = None,
+    *,
+    currency: str,
+    metric="per_request",
+    profile: str | None = None,
 ) -> Ranking:
     """Rank ``options`` priced in ``currency`` by ``metric`` among those meeting ``slo``.
 
     Options in another currency are set aside (money in two currencies is never compared),
-    as are those without a cost (no throughput measured) or with a zero price (no price set:
-    free is not cheap, it is unknown). Ties keep the order given.
+    as are those of another ``profile`` than the one given (a config measured under a
+    lighter load looks cheaper: only runs of one load compare), those without a cost (no
+    throughput measured) or with a zero price (no price set: free is not cheap, it is
+    unknown). Ties keep the order given.
     """
     if metric not in METRICS:
         raise ValueError(f"unknown cost metric {metric!r}: one of {', '.join(METRICS)}")
     slo = slo or Slo()
-    ranking = Ranking(currency=currency, metric=metric, slo=slo)
+    ranking = Ranking(currency=currency, metric=metric, slo=slo, profile=profile)
     meeting = []
     for option in options:
+        if option.refused:
+            ranking.refused[option.key] = option.refused
+            continue
+        if profile is not None and option.profile != profile:
+            ranking.other_profile[option.key] = option.profile or "none"
+            continue
         if option.currency != currency:
             ranking.other_currency.append(option)
             continue

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import httpx
 
+from hosts.transport.tls import system_trust
+
 EXIT_OK, EXIT_REGRESSED, EXIT_COULD_NOT_RUN = 0, 1, 2
 # --max-regression names → the verdict endpoint's query parameters.
 THRESHOLDS = ("ttft_p95", "itl_p95", "error_rate")
@@ -85,6 +87,7 @@ class Panel:
             timeout=30.0,
             transport=transport,
             follow_redirects=False,
+            verify=system_trust(),
         )
 
     def close(self) -> None:
@@ -152,9 +155,24 @@ def resolve_profile(panel: Panel, name: str) -> dict:
     return max(found, key=lambda p: p.get("version") or 0)
 
 
+# How many of the newest succeeded runs ``latest`` looks through for one that is not
+# client-limited.
+BASELINE_CANDIDATES = 20
+
+
+def client_limited(run: dict) -> str | None:
+    """The panel's refusal of ``run`` as evidence (its ``client_limited`` field, the rule of
+    ``benchmarks.evidence``) in words, or None when it may be used (or was not checked)."""
+    verdict = run.get("client_limited") or {}
+    if not verdict.get("limited"):
+        return None
+    return "client-limited: " + "; ".join(verdict.get("reasons") or ["no reason given"])
+
+
 def find_baseline(panel: Panel, choice: str, deployment: dict, profile: dict) -> dict:
     """``latest``: the newest succeeded run of this deployment and this profile version
-    (looked up before the new run starts, so never that run); else the run with that id."""
+    (looked up before the new run starts, so never that run) that is not client-limited; else
+    the run with that id, refused when it is client-limited."""
     if choice == "latest":
         runs = panel.get(
             "runs/",
@@ -162,7 +180,7 @@ def find_baseline(panel: Panel, choice: str, deployment: dict, profile: dict) ->
             profile=profile["id"],
             status="succeeded",
             ordering="-date",
-            page_size=1,
+            page_size=BASELINE_CANDIDATES,
         ).get("results")
         if not runs:
             raise GateError(
@@ -170,7 +188,14 @@ def find_baseline(panel: Panel, choice: str, deployment: dict, profile: dict) ->
                 f"{deployment.get('host_name')}/{deployment['name']} to compare with: run the "
                 "gate's profile once on a known-good config (or pass --baseline RUN_ID)"
             )
-        return runs[0]
+        usable = [run for run in runs if client_limited(run) is None]
+        if not usable:
+            raise GateError(
+                f"no usable baseline: the newest succeeded run {runs[0]['id']} is "
+                f"{client_limited(runs[0])} (and so are the {len(runs) - 1} before it); "
+                "measure a baseline where the load generator keeps up"
+            )
+        return usable[0]
     if not choice.isdigit():
         raise GateError(f"--baseline must be 'latest' or a run id, not {choice!r}")
     status, body = panel.call("GET", f"runs/{int(choice)}/")
@@ -180,6 +205,8 @@ def find_baseline(panel: Panel, choice: str, deployment: dict, profile: dict) ->
         raise GateError(f"baseline run {choice}: {_detail(body, f'HTTP {status}')}")
     if body.get("status") != "succeeded":
         raise GateError(f"baseline run {choice} is {body.get('status')}: it cannot be a baseline")
+    if refusal := client_limited(body):
+        raise GateError(f"baseline run {choice} is {refusal}: it cannot be a baseline")
     return body
 
 
@@ -340,6 +367,14 @@ def _run(panel, args, thresholds, out, err, sleep, clock) -> int:
         why = run.get("error") or run.get("stopped_early") or "no reason given"
         _save(args.result_filename, run, None)
         raise GateError(f"run {run['id']} {run.get('status')}: {why}")
+    if refusal := client_limited(run):
+        # Its numbers are the load generator's: neither a pass nor a regression, whatever
+        # --allow-inconclusive says.
+        _save(args.result_filename, run, None)
+        raise GateError(
+            f"run {run['id']} is {refusal}: it cannot be judged; run the gate where the load "
+            "generator keeps up (a quieter runner, or a sharded run)"
+        )
     verdict = panel.get(f"runs/{run['id']}/verdict/", baseline=baseline["id"], **thresholds)
     _save(args.result_filename, run, verdict)
     decided = decide(verdict, args.allow_inconclusive)

@@ -589,4 +589,8 @@ def comparable_spec(spec: dict | None) -> dict | None:
     dataset = reduced.get("dataset")
     if isinstance(dataset, dict):
         dataset.pop("tokenizer", None)
+        # A spec written before the key existed counted its prefix within the input (the
+        # former rule); without a prefix the rule changes nothing.
+        within = dataset.get("prefix_within_input", bool(dataset.get("prefix_len")))
+        dataset["prefix_within_input"] = bool(within) and bool(dataset.get("prefix_len"))
     return reduced

@@ -254,6 +254,15 @@ class BenchmarkRun(BackgroundOperation):
         default=dict, blank=True, help_text="Quantiles of TTFT/ITL/TPOT/E2EL for CDF charts."
     )
     notes = models.JSONField(default=list, blank=True)
+    # Small (a dozen numbers) and read by every consumer of runs as evidence, so it is not one
+    # of the deferred RUN_DOCUMENTS: judging a page of runs costs no query per run.
+    client_health = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The load generator's own health over the run (event-loop lag, CPU share, "
+        "late sends, tokens per chunk, client errors) beside the engine's own TTFT/ITL of the "
+        "same window; benchmarks.evidence judges it. Empty: not measured (older or imported).",
+    )
     stopped_early = models.CharField(max_length=300, blank=True)
     shards = models.PositiveSmallIntegerField(
         default=1,

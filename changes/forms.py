@@ -201,6 +201,16 @@ class ProposeForm(forms.Form):
         label="Max accuracy loss (points)",
         help_text="When a quality probe runs: roll back on a significant loss beyond this.",
     )
+    max_extra_runs = forms.IntegerField(
+        required=False,  # empty: the default, 2
+        min_value=0,
+        max_value=5,
+        initial=2,
+        label="Noise budget (extra verification runs)",
+        help_text="When the run-to-run noise is too wide to judge a latency against its limit, "
+        "measure up to this many extra verification runs; still too wide, the change ends "
+        "applied, not verified, for you to decide.",
+    )
     # "Propose this change": the advisor finding the proposal answers (one of this deployment).
     finding = forms.ModelChoiceField(
         queryset=None, required=False, widget=forms.HiddenInput, label="Advisor finding"
@@ -418,6 +428,11 @@ class ProposeForm(forms.Form):
                     1.0 if data.get("max_quality_loss") is None else data["max_quality_loss"]
                 )
                 / 100,
+                "max_extra_runs": (
+                    self.fields["max_extra_runs"].initial
+                    if data.get("max_extra_runs") is None
+                    else data["max_extra_runs"]
+                ),
             },
             "window": (data.get("window_start"), data.get("window_end")),
             "finding": data.get("finding"),

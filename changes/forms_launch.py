@@ -13,6 +13,7 @@ import re
 from django import forms
 from django.core.exceptions import ValidationError
 
+from hosts.engines import cpulist
 from hosts.engines.redaction import MASK, is_secret
 from hosts.models import Host
 
@@ -20,7 +21,6 @@ from hosts.models import Host
 # sent back keeps it. Any run of bullets (people type three or four) with or without "(kept)".
 KEPT = f"{MASK} (kept)"
 KEEP_MARK = re.compile(r"^•+(\s*\(kept\))?$")
-CPU_PART = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
 # --- the environment as text -----------------------------------------------------------------
@@ -100,29 +100,18 @@ def env_field(stored: dict) -> forms.CharField:
 
 # --- CPU placement on this host --------------------------------------------------------------
 def cpu_set(cpus: str) -> set[int]:
-    """The CPUs of a CPU list (``0-3,8``); what is not a CPU list gives nothing (the launch
-    rules say why)."""
-    out: set[int] = set()
-    for part in (cpus or "").split(","):
-        found = CPU_PART.match(part.strip())
-        if found:
-            low = int(found.group(1))
-            out.update(range(low, int(found.group(2) or low) + 1))
-    return out
+    """The CPUs of a CPU list (``0-3,8``); what is not a CPU list, or one beyond the limits,
+    gives nothing (the launch rules say why: hosts.engines.cpulist, bounded before it
+    expands)."""
+    try:
+        return set(cpulist.parse(cpus or ""))
+    except cpulist.CpuListError:
+        return set()
 
 
 def cpu_list(cpus: set[int]) -> str:
     """A set of CPUs written as a CPU list (``0-3,8``)."""
-    parts, ordered = [], sorted(cpus)
-    start = prev = None
-    for cpu in [*ordered, None]:
-        if cpu is not None and prev is not None and cpu == prev + 1:
-            prev = cpu
-            continue
-        if start is not None:
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-        start = prev = cpu
-    return ",".join(parts)
+    return cpulist.format_list(cpus)
 
 
 def host_nodes(host: Host) -> dict[int, str]:

@@ -182,6 +182,19 @@ class ChangeRequest(models.Model):
         validators=[MinValueValidator(0)],
         help_text="Roll back when p95 ITL grows by more than this fraction.",
     )
+    max_extra_runs = models.PositiveSmallIntegerField(
+        default=2,
+        validators=[MaxValueValidator(5)],
+        help_text="When the run-to-run noise is too wide to judge a latency against its "
+        "limit, measure up to this many extra verification runs before saying it cannot "
+        "judge.",
+    )
+    extra_runs = models.ManyToManyField(
+        "benchmarks.BenchmarkRun",
+        blank=True,
+        related_name="+",
+        help_text="The extra verification runs measured to narrow the noise band.",
+    )
     comparison = models.JSONField(default=dict, blank=True)
     # --- the quality probe (a change touching the model, its precision or quantisation) ----
     probe_set = models.ForeignKey(

@@ -31,7 +31,12 @@ from django.utils import timezone
 
 from changes.advice import start_failures
 from changes.choices import ChangeState
-from hosts.engines import get_spec
+from hosts.services.code_loading import (  # noqa: F401 - the one rule, used by name here
+    LOAD_CODE,
+    code_loading_flags,
+    code_loading_problem,
+    require_code_loading,
+)
 
 S = ChangeState
 
@@ -39,7 +44,6 @@ PROPOSE = "changes.add_changerequest"
 APPROVE = "changes.approve_changerequest"
 APPLY = "changes.apply_changerequest"
 OVERRIDE = "changes.override_changerequest"
-LOAD_CODE = "changes.load_code_changerequest"
 
 
 class ChangeRefused(Exception):
@@ -85,35 +89,6 @@ def _may_review(user, change) -> str | None:
     if _is_proposer(user, change):
         return f"You proposed change #{change.pk}: someone else must review it (four-eyes rule)."
     return None
-
-
-def code_loading_flags(engine: str, diff: dict) -> list[str]:
-    """The options a diff (``{dest: (running, proposed)}``) turns on that make the engine load
-    code (``Flag.loads_code``); turning one off needs no one special."""
-    spec = get_spec(engine)
-    return [
-        spec.by_dest[dest].option
-        for dest, (_, new) in diff.items()
-        if dest in spec.by_dest and spec.by_dest[dest].loads_code_with(new)
-    ]
-
-
-def code_loading_problem(user, engine: str, diff: dict) -> str | None:
-    """Why ``user`` may not propose or approve ``diff`` (it turns on code loading), or None."""
-    flags = code_loading_flags(engine, diff)
-    if not flags or (user is not None and user.has_perm(LOAD_CODE)):
-        return None
-    return (
-        f"{', '.join(flags)} makes the engine run code from outside the panel (the model "
-        "repository's Python): only an Admin may propose or approve it."
-    )
-
-
-def require_code_loading(user, engine: str, diff: dict) -> None:
-    """PermissionDenied when ``user`` may not propose ``diff`` (see code_loading_problem)."""
-    problem = code_loading_problem(user, engine, diff)
-    if problem:
-        raise PermissionDenied(problem)
 
 
 def _may_approve(user, change) -> str | None:

@@ -52,6 +52,7 @@ class PointsCheck:
             "after": round(new, 4),
             "change": round(new - old, 4),
             "limit": f"+{limit:.1%} points",
+            "limit_value": round(old + limit, 4),
             "ok": new - old <= limit,
         }
 
@@ -88,6 +89,7 @@ class RelativeCheck:
             "after": round(new, 3),
             "change": None if math.isinf(change) else round(change, 4),
             "limit": f"+{limit:.0%}",
+            "limit_value": round(applied_limit(limit, old), 3),
             "ok": change <= limit,
         }
 
@@ -96,6 +98,53 @@ class RelativeCheck:
             return f"{check['baseline']} → {check['after']}"
         unit = self.metric.unit
         return f"{check['baseline']:.1f} → {check['after']:.1f} {unit} ({check['change']:+.0%})"
+
+
+def applied_limit(relative: float, baseline: float) -> float:
+    """The one rule for a latency limit: fixed as a share when the change is proposed, it
+    bounds the p95 at that share above the baseline the verdict compares against (never the
+    run the change was proposed from): +20 % of a 412 ms baseline is 494.4 ms."""
+    return baseline * (1 + relative)
+
+
+def limit_text(check: Mapping, baseline_run=None) -> str:
+    """A check's limit as it applies, in words, for the change page and the API alike:
+    "+20 % of run #12's 412.0 ms = 494.4 ms"."""
+    value = check.get("limit_value")
+    if value is None or check.get("baseline") is None:
+        return check.get("limit") or ""
+    of = f"run #{baseline_run}'s" if baseline_run else "the baseline's"
+    if check.get("metric") == "error_rate":
+        return f"{check['limit']} on {of} {check['baseline']:.2%} = {value:.2%}"
+    unit = BY_KEY[check["metric"]].unit if check.get("metric") in BY_KEY else ""
+    return f"{check['limit']} of {of} {check['baseline']:.1f} {unit} = {value:.1f} {unit}"
+
+
+# Flags whose larger value grows the decode batch: more sequences per step is the fix for
+# queueing and its price is inter-token latency (on the demo, cap 32 → 64: ITL p95 19.7 →
+# 26 ms). With the default +20 % ITL limit such a change is rolled back for the very cost it was
+# chosen to pay.
+BATCH_FLAGS = ("max_num_seqs", "max_running_requests")
+# The most a larger batch may slow each token: ITL doubled, whatever the growth.
+BATCH_ITL_MAX = 1.0
+
+
+def batch_itl_limit(settings: Mapping, running: Mapping, default: float) -> float | None:
+    """The ITL p95 limit of a change that grows the decode batch, from the change alone (never
+    from a run, whose ITL would make it depend on which run it was proposed from): a decode
+    step with k times the sequences takes at most k times as long, so ITL p95 may grow by the
+    cap's growth (32 → 64: +100 %), never less than ``default`` and at most ``BATCH_ITL_MAX``.
+    None when the change does not grow a known running cap."""
+    growth = [
+        settings[dest] / running[dest] - 1
+        for dest in BATCH_FLAGS
+        if isinstance(settings.get(dest), int)
+        and isinstance(running.get(dest), int)
+        and settings[dest] > running[dest] > 0
+    ]
+    if not growth:
+        return None
+    return round(min(BATCH_ITL_MAX, max(default, *growth)), 4)
 
 
 # What a verification is judged by, in the order the verdict lists it: "a speed-up that
@@ -138,17 +187,54 @@ def quantile_interval(values: Iterable[float], q: float = 0.95, z: float = NOISE
 
 def _within_noise(check: dict, limit: float, band) -> None:
     """Turn a pass or a failure the noise band cannot separate from the limit into "cannot
-    tell": the change's range is the verification's band over the baseline's."""
+    judge": the change's range is the verification's band over the baseline's. Such a check
+    is marked ``noisy``: more requests (``measure_more``) narrow the band."""
     (b_low, b_high), (a_low, a_high) = band
     if not b_low or check["ok"] is None:
         return
     low, high = a_low / b_high - 1, a_high / b_low - 1
     check["noise"] = [round(low, 4), round(high, 4)]
     if low <= limit < high:
-        check.update(
-            ok=None,
-            note=f"within run-to-run noise ({low:+.0%} to {high:+.0%} against +{limit:.0%})",
+        check.update(ok=None, noisy=True, note=CANNOT_JUDGE + noise_text(low, high, limit))
+
+
+CANNOT_JUDGE = "cannot judge: "
+
+
+def noise_text(low: float, high: float, limit: float) -> str:
+    """Why a latency cannot be judged on its noise band, in the words every view shows."""
+    return (
+        f"run-to-run noise ±{(high - low) / 2:.0%} ({low:+.0%} to {high:+.0%}) spans the "
+        f"limit +{limit:.0%}"
+    )
+
+
+# --- hard guards ----------------------------------------------------------------------------------
+# KV-cache use (its peak over the run) from which the cache is saturated: a step that finds no
+# free block preempts a sequence, which is recomputed and its latency doubled (DOMAIN §1).
+KV_SATURATED = 0.95
+
+
+def hard_guards(before: Mapping, after: Mapping) -> list[str]:
+    """Harms of the change that count whatever the noise band says, each a reason to roll
+    back: preemptions or a saturated KV cache under the change where the baseline had none,
+    and an engine that restarted during the verification. ``before``/``after`` are the
+    runs' conditions (``preemptions``, ``kv_cache_usage_max``, ``restarted``); a fact the
+    baseline did not report is not compared (the engine's metrics were not scraped). The
+    error rate is guarded by its own check, which no noise band ever relaxes."""
+    found = []
+    b_pre, a_pre = before.get("preemptions"), after.get("preemptions")
+    if a_pre and b_pre == 0:
+        found.append(f"{a_pre:,.0f} sequences preempted under the change, none in the baseline")
+    b_kv, a_kv = before.get("kv_cache_usage_max"), after.get("kv_cache_usage_max")
+    if a_kv is not None and b_kv is not None and a_kv >= KV_SATURATED > b_kv:
+        found.append(
+            f"the KV cache saturated under the change: {a_kv:.1%} at its fullest (the "
+            f"baseline {b_kv:.1%}; saturated from {KV_SATURATED:.0%})"
         )
+    if after.get("restarted"):
+        found.append(f"the engine restarted during the verification ({after['restarted']})")
+    return found
 
 
 # The cache state of an engine at a run's start (``Conditions.cache_state``).
@@ -194,6 +280,12 @@ def condition_rows(before: Mapping, after: Mapping) -> list[dict]:
             "after": share(after.get("kv_cache_usage_max")),
         },
         {
+            "key": "preemptions",
+            "label": "Preemptions",
+            "baseline": before.get("preemptions"),
+            "after": after.get("preemptions"),
+        },
+        {
             "key": "error_rate",
             "label": "Error rate",
             "percent": True,
@@ -234,7 +326,8 @@ def compare_conditions(before: Mapping, after: Mapping, *, cache_changed: bool =
     hit rate is its effect, not a difference in conditions.
 
     Returns ``{"differ": [why no verdict can be drawn], "notes": [...], "rows": [...]}``. KV
-    use is shown, never a reason: a memory or batching change moves it by design."""
+    use is shown, never a reason the conditions differ: a memory or batching change moves it
+    by design (a cache that saturates under the change is a ``hard_guards`` harm instead)."""
     differ, notes = [], []
     if before.get("problem"):
         differ.append(f"the baseline cannot be used: {before['problem']}")
@@ -293,7 +386,12 @@ def verdict(
 
     ``noise``: ``{metric: (baseline band, verification band)}`` (``quantile_interval`` of
     each run's requests): a latency whose change could lie on either side of its limit within
-    the bands is not judged ("within run-to-run noise"), rather than passed or failed.
+    the bands is not judged ("cannot judge: run-to-run noise ±X % … spans the limit"), rather
+    than passed or failed; ``measure_more`` says more requests could settle it.
+
+    ``hard_guards`` (preemptions or a saturated KV cache new under the change, an engine
+    restart during the verification) regress whatever the bands and the conditions say.
+    Each check carries ``limit_applied``: its limit on the baseline run (``applied_limit``).
 
     ``regressed`` is kept as the boolean the pipeline rolls back on."""
     before_conditions, after_conditions = conditions or ({}, {})
@@ -318,23 +416,39 @@ def verdict(
                 check.update(ok=None, note="conditions differ")
     failed = [(rule, check) for rule, check in judged if check["ok"] is False]
     old, new = baseline.get(INFORMATIVE.key), after.get(INFORMATIVE.key)
-    reasons = [
+    guards = hard_guards(before_conditions, after_conditions)
+    reasons = [f"hard guard: {guard}" for guard in guards] + [
         f"{check['label']} {rule.shown(check)} (limit {check['limit']})" for rule, check in failed
     ]
     unusable = after_conditions.get("problem")
     if unusable:
         reasons.insert(0, f"the verification cannot be used: {unusable}")
+    noisy = []
     if reasons:
         outcome, reason = "regressed", "; ".join(reasons)
     else:
+        noisy = [
+            f"cannot judge {check['label']}: {check['note'].removeprefix(CANNOT_JUDGE)}"
+            for _, check in judged
+            if check.get("noisy") and check["ok"] is None and check["note"].startswith(CANNOT_JUDGE)
+        ]
         unjudged = [
             f"{check['label']} ({check.get('note') or 'not measured'})"
             for _, check in judged
-            if check["ok"] is None and check.get("note") != "conditions differ"
+            if check["ok"] is None
+            and check.get("note") != "conditions differ"
+            and not check.get("noisy")
         ]
-        cannot = compared["differ"] + (["not judged: " + ", ".join(unjudged)] if unjudged else [])
+        cannot = (
+            compared["differ"]
+            + noisy
+            + (["not judged: " + ", ".join(unjudged)] if unjudged else [])
+        )
         outcome = "inconclusive" if cannot else "verified"
         reason = "; ".join(cannot)
+    baseline_run = before_conditions.get("run")
+    for check in (check for _, check in judged):
+        check["limit_applied"] = limit_text(check, baseline_run)
     return {
         "outcome": outcome,
         "regressed": outcome == "regressed",
@@ -343,6 +457,12 @@ def verdict(
         "reason": reason,
         "conditions": compared["rows"] if conditions else [],
         "notes": compared["notes"],
+        "guards": guards,
+        # More requests would narrow the band: only noise (not the conditions) kept a
+        # latency from being judged.
+        "measure_more": bool(noisy) and not compared["differ"],
+        "baseline_run": baseline_run,
+        "verification_runs": list(after_conditions.get("runs") or ()),
     }
 
 

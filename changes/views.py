@@ -14,6 +14,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 
+from benchmarks.services import probes
 from changes import advice, views_advisor
 from changes.choices import LOCK_STATES, ChangeKind, ChangeState, Decision
 from changes.forms import ChangeFilterForm, CommentForm, ProposeForm, RollbackForm
@@ -178,6 +179,10 @@ def _context(request, change: ChangeRequest) -> dict:
         "lock": apply.lock_holder(change.deployment),
         "alive": change.pipeline_alive(),
         "comparison": change.comparison or None,
+        # The quality verdict in the words the timeline and the API say (one function).
+        "quality_verdict": probes.quality_verdict(change.quality_comparison)
+        if change.quality_comparison
+        else None,
         # Stored warnings plus the prediction's harm, recomputed (advice.PREDICTED_HARM).
         "warnings": advice.with_prediction_warnings(change.warnings, change.prediction),
         "start_problem": start_problem(change) if change.state == ChangeState.PENDING else None,

@@ -10,7 +10,6 @@ views only check access and render."""
 
 from __future__ import annotations
 
-import math
 import re
 
 from django.contrib import messages
@@ -22,6 +21,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from benchmarks.models import BenchmarkRun
+from changes import verdict
 from changes.models import Finding
 from changes.services import diagnosis
 from hosts.models import Deployment
@@ -106,16 +106,31 @@ def deployment_advisor(request, pk):
     deployment = get_object_or_404(Deployment.objects.select_related("host"), pk=pk)
     findings = decorate(active_findings().filter(deployment=deployment))
     return _render(
-        request, findings, deployment=deployment, next=deployment.host.get_absolute_url()
+        request,
+        findings,
+        deployment=deployment,
+        next=deployment.host.get_absolute_url(),
+        freshness=_freshness(deployment.pk, findings),
     )
+
+
+def _freshness(deployment_pk: int, findings) -> diagnosis.Freshness:
+    newest = max((f.last_seen_at for f in findings), default=None)
+    return diagnosis.freshness(diagnosis.last_evaluation(deployment_pk), newest_seen=newest)
 
 
 @permission_required(VIEW, raise_exception=True)
 def run_advisor(request, pk):
     """The findings of the run's deployment, those this run's numbers raised marked as such."""
     run = get_object_or_404(BenchmarkRun, pk=pk)
-    findings = active_findings().filter(deployment_id=run.deployment_id)
-    return _render(request, decorate(findings, run), run=run, next=run.get_absolute_url())
+    findings = decorate(active_findings().filter(deployment_id=run.deployment_id), run)
+    return _render(
+        request,
+        findings,
+        run=run,
+        next=run.get_absolute_url(),
+        freshness=_freshness(run.deployment_id, findings),
+    )
 
 
 def _back(request, finding: Finding):
@@ -163,15 +178,8 @@ def proposal_rationale(finding: Finding) -> str:
     )
 
 
-# Flags whose larger value grows the decode batch: more sequences per step is the fix for
-# queueing and its price is inter-token latency (on the demo, cap 32 → 64: ITL p95 19.7 →
-# 26 ms, TTFT p95 1783 → 526 ms). With the default +20 % ITL limit such a change is rolled back
-# for the very cost it was chosen to pay.
-BATCH_FLAGS = ("max_num_seqs", "max_running_requests")
-
-
 def _grows_batch(settings: dict, running: dict) -> bool:
-    for dest in BATCH_FLAGS:
+    for dest in verdict.BATCH_FLAGS:
         new, old = settings.get(dest), running.get(dest)
         if isinstance(new, int) and (not isinstance(old, int) or new > old):
             return True
@@ -180,7 +188,8 @@ def _grows_batch(settings: dict, running: dict) -> bool:
 
 def _verification_from_run(form, finding: Finding, settings: dict) -> list[str]:
     """Verify with the load the finding was seen under (its run's profile), and, for a
-    larger batch, bound ITL by what that profile's users accept (its TPOT SLO) instead of
+    larger batch, allow ITL p95 to grow with the batch (``verdict.batch_itl_limit``: from the
+    change alone, so the limit does not depend on which run it was proposed from) instead of
     +20 %. Returns the lines that tell the reviewer so."""
     notes = []
     run_id = source_run_id(finding.source)
@@ -199,16 +208,16 @@ def _verification_from_run(form, finding: Finding, settings: dict) -> list[str]:
         )
     if not _grows_batch(settings, form.running):
         return notes
-    slo = ((profile.spec if profile else None) or {}).get("slo") or {}
-    tpot, itl = slo.get("tpot"), run.itl_p95_ms if run else None
     default = form.fields["max_itl_p95_regression"].initial
-    if isinstance(tpot, int | float) and itl and tpot / itl - 1 > default / 100:
-        limit = math.ceil((tpot / itl - 1) * 100)
-        form.initial["max_itl_p95_regression"] = limit
+    limit = verdict.batch_itl_limit(settings, form.running, default / 100)
+    if limit is not None and limit > default / 100:
+        percent = round(limit * 100)
+        form.initial["max_itl_p95_regression"] = percent
         notes.append(
-            f"A larger batch costs inter-token latency: the ITL p95 limit is +{limit} %, which "
-            f"keeps ITL p95 ({itl:.1f} ms in run {run.pk}) within the profile's TPOT SLO "
-            f"({tpot:g} ms), instead of +{default:g} %."
+            f"A larger batch costs inter-token latency: the ITL p95 limit is +{percent} %, "
+            "as much as the batch cap grows (a decode step with that many more sequences "
+            f"takes at most that much longer; at most +{verdict.BATCH_ITL_MAX:.0%}), instead of "
+            f"+{default:g} %. It applies to the baseline run the verification compares against."
         )
     else:
         notes.append(

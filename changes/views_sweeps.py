@@ -22,7 +22,7 @@ from changes.forms_sweeps import SweepCommentForm, SweepForm
 from changes.models import Sweep
 from changes.rules import ChangeRefused
 from changes.rules_sweeps import SweepRefused, allowed_actions
-from changes.services import sweep_figures, sweeps
+from changes.services import sweep_figures, sweep_prediction, sweeps
 from hosts.models import Deployment
 
 VIEW = "changes.view_sweep"
@@ -128,8 +128,12 @@ def _best_probe(trial) -> dict | None:
 def _context(request, sweep: Sweep) -> dict:
     trials = list(sweep.trials.select_related("lane__deployment").prefetch_related("runs"))
     runs = _probe_runs(trials)
+    currency = (sweep.target or {}).get("currency") or ""
     for trial in trials:
         trial.probe_rows = [{**p, "run_obj": runs.get(p.get("run"))} for p in trial.probes or []]
+        trial.prediction_errors = sweep_prediction.prediction_errors(
+            trial, sweep.load_mode, currency
+        )
     winner = next((t for t in trials if t.pk == sweep.winner_id), None)
     control = next((t for t in trials if t.is_control), None)
     compare = []
@@ -158,8 +162,9 @@ def _context(request, sweep: Sweep) -> dict:
         "control": control,
         "compare_runs": compare if len(compare) == 2 else [],
         "figures": sweep_figures.figures(sweep, trials),
+        "reach_warning": sweep_prediction.reach_warning(sweep, trials),
         "load_unit": "req/s" if sweep.load_mode == "rate" else "users",
-        "currency": (sweep.target or {}).get("currency") or "",
+        "currency": currency,
         "finished": sweep.is_finished,
         "proposals": list(sweep.proposals.all()),
     }

@@ -10,6 +10,7 @@ the user's permission at most every ``recheck_seconds``: the same rules as a pag
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 from channels.db import database_sync_to_async
@@ -29,6 +30,9 @@ CLOSE_SESSION_ENDED = 4401
 # session on its own; with 500 sockets over two processes the rechecks queued on the one
 # database thread of each process every 5 s and held events back over a second (issue 22).
 _rechecks: dict[tuple, tuple[asyncio.AbstractEventLoop, float, asyncio.Future]] = {}
+# Event loops of other threads (a second ASGI server in the process, tests) share the dict:
+# its sweep and insert happen under this lock (two sweeps deleting one key raised KeyError).
+_rechecks_lock = threading.Lock()
 # Rechecks of different logins asked while one batch is being read wait for the next
 # (controlpanel.session_checks: ~4 queries for the whole batch, one thread hop): one login per
 # socket made 500 separate reads every 5 s, p99 delivery 4.4 s.
@@ -137,21 +141,23 @@ class ObjectConsumer(AsyncJsonWebsocketConsumer):
         loop = asyncio.get_running_loop()
         key = (self.session_key, self.user_pk, self.permission)
         now = time.monotonic()
-        entry = _rechecks.get(key)
-        if entry is None or entry[0] is not loop or now - entry[1] >= self.recheck_seconds:
-            for old_key, (old_loop, old_start, _) in list(_rechecks.items()):
-                if old_loop is not loop or now - old_start >= self.recheck_seconds:
-                    del _rechecks[old_key]
-            entry = (loop, now, _batched_verdict(key))
-            _rechecks[key] = entry
+        with _rechecks_lock:  # no await inside: held for a few dict operations
+            entry = _rechecks.get(key)
+            if entry is None or entry[0] is not loop or now - entry[1] >= self.recheck_seconds:
+                for old_key, (old_loop, old_start, _) in list(_rechecks.items()):
+                    if old_loop is not loop or now - old_start >= self.recheck_seconds:
+                        del _rechecks[old_key]
+                entry = (loop, now, _batched_verdict(key))
+                _rechecks[key] = entry
         _, started, verdict = entry
         try:
             # Shielded: one socket closing mid-check must not cancel the others' answer.
             return started, await asyncio.shield(verdict)
         except Exception:
             # A failed read (database down) is not a verdict to hand to the next socket.
-            if _rechecks.get(key) is entry:
-                del _rechecks[key]
+            with _rechecks_lock:
+                if _rechecks.get(key) is entry:
+                    del _rechecks[key]
             raise
 
     async def end_session(self):

@@ -456,9 +456,11 @@ METRICS_ALLOWED_ADDRESSES = _env["METRICS_ALLOWED_ADDRESSES"]
 # Set: prometheus-client's multiprocess mode, the numbers of every web process added up.
 PROMETHEUS_MULTIPROC_DIR = _env["PROMETHEUS_MULTIPROC_DIR"]
 
+
 # --- Channels ------------------------------------------------------------------------------
-if _env["REDIS_URL"]:
-    CHANNEL_LAYERS = {
+def redis_channel_layers(url: str) -> dict:
+    """CHANNEL_LAYERS on the Redis at ``url`` (the tests' processes use this same definition)."""
+    return {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             "CONFIG": {
@@ -466,13 +468,17 @@ if _env["REDIS_URL"]:
                 # channels_redis blocks in BZPOPMIN waiting for messages: an idle process's
                 # receive loop raised TimeoutError and killed a socket every 5 s. Reads may
                 # wait longer than the blocking pop.
-                "hosts": [{"address": REDIS_URL, "socket_timeout": 15}],
+                "hosts": [{"address": url, "socket_timeout": 15}],
                 # Every socket of one web process shares one Redis queue, whose capacity is
                 # this: at the default 100 a burst to 250 sockets was dropped silently.
                 "capacity": 2000,
             },
         }
     }
+
+
+if _env["REDIS_URL"]:
+    CHANNEL_LAYERS = redis_channel_layers(REDIS_URL)
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 

@@ -42,11 +42,13 @@ def _redis() -> redis.Redis | None:
     url = settings.REDIS_URL
     if not url:
         return None
-    client = _clients.get(url)
-    if client is None:
-        # Short timeouts: counting must not hold up a task, nor a scrape, when Redis is slow.
-        client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-        _clients[url] = client
+    with _lock:  # one client per URL for the process's threads (it connects lazily)
+        client = _clients.get(url)
+        if client is None:
+            # Short timeouts: counting must not hold up a task, nor a scrape, when Redis is
+            # slow.
+            client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+            _clients[url] = client
     return client
 
 

@@ -31,6 +31,9 @@ account_patterns = [
     path("reset/done/", accounts.password_reset_complete, name="password_reset_complete"),
 ]
 
+# An unexpected error under /api/v1/ outside a DRF view's handling is problem details too.
+handler500 = "api.errors.server_error"
+
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("audit/", views.audit_log, name="audit"),

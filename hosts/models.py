@@ -365,9 +365,7 @@ class Deployment(models.Model):
     def api_key(self) -> str | None:
         """The API key the engine was started with (``--api-key`` or ``VLLM_API_KEY``)."""
         config = self.active_config
-        if config is None:
-            return None
-        return config.settings.get("api_key") or (config.env or {}).get("VLLM_API_KEY") or None
+        return None if config is None else config.api_key()
 
     def launch_config(
         self,
@@ -483,6 +481,11 @@ class EngineConfig(models.Model):
             .order_by("-version")
             .first()
         )
+
+    def api_key(self) -> str | None:
+        """The API key an engine started with this config requires (``--api-key`` or
+        ``VLLM_API_KEY``), or None."""
+        return self.settings.get("api_key") or (self.env or {}).get("VLLM_API_KEY") or None
 
     def diff(self, other: EngineConfig | None) -> dict[str, tuple]:
         """``{flag: (other's value, this value)}`` for every flag that differs; environment

@@ -2,6 +2,7 @@
 
 from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
+from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect, render
 
 from hosts.forms_deployments import DeploymentForm
@@ -23,6 +24,8 @@ def deployment_new(request, pk):
                 deployment, fit = create_deployment(request.user, host, form.deployment_data())
             except DeploymentRefused as refused:
                 form.add_refusal(refused)
+            except PermissionDenied as denied:  # options only an Admin may set
+                form.add_refusal(DeploymentRefused({"settings": [str(denied)]}))
             else:
                 say = messages.success if fit.fits else messages.warning
                 say(request, f"Deployment {deployment.name} created, starting. {fit.message}")

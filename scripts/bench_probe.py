@@ -106,7 +106,7 @@ def main() -> int:
             )
     for name in ("fp8", "awq"):
         result = compare(results["bf16"], results[name], items)
-        print(f"\nbf16 → {name}: {result.verdict} ({result.overall.reason})")
+        print(f"\nbf16 → {name}: {result.judged['text']}")
         for group in result.groups:
             if ":" in group.key or group.key == "overall":
                 print(

@@ -46,12 +46,15 @@ def findings_query():
 def diagnosis_data(deployment: Deployment) -> dict:
     """``DiagnosisSerializer``'s fields of ``deployment``: its active findings worst first."""
     status = diagnosis.last_evaluation(deployment) or {}
+    findings = list(findings_query().filter(deployment=deployment).active().worst_first())
+    newest = max((f.last_seen_at for f in findings), default=None)
     return {
         "deployment": deployment.pk,
         "evaluated_at": status.get("evaluated_at"),
         "engine_status": status.get("engine_status") or "unknown",
         "engine_error": status.get("engine_error") or "",
-        "findings": list(findings_query().filter(deployment=deployment).active().worst_first()),
+        "freshness": diagnosis.freshness(status, newest_seen=newest).as_dict(),
+        "findings": findings,
     }
 
 

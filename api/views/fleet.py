@@ -4,13 +4,14 @@ helpers (the config history's diffs, the price list's rows, the audit log's filt
 
 from __future__ import annotations
 
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db import IntegrityError
 from django.db.models import Prefetch
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import MethodNotAllowed, ValidationError
+from rest_framework.exceptions import MethodNotAllowed, PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
@@ -165,6 +166,8 @@ class DeploymentViewSet(ReadViewSet):
             deployment, fit = deployment_services.create_deployment(request.user, host, data)
         except deployment_services.DeploymentRefused as refused:
             raise ValidationError(refused.errors) from None
+        except DjangoPermissionDenied as denied:  # options only an Admin may set, said why
+            raise PermissionDenied(str(denied)) from None
         deployment = self.get_queryset().get(pk=deployment.pk)
         deployment.lock_holder = None  # just created: nothing holds it
         deployment.fit = fit

@@ -25,6 +25,7 @@ from api.serializers_runs import (
     RunVerdictQuerySerializer,
     RunVerdictSerializer,
 )
+from benchmarks.evidence import usable_as_evidence
 from benchmarks.forms.history import HistoryForm
 from benchmarks.models import BenchmarkRun
 from benchmarks.services import export, history
@@ -267,6 +268,7 @@ def detail(run: BenchmarkRun) -> dict:
         "results": results(run) if finished_with_results else None,
         "shards": run.shards,
         "shard_health": shard_health(run) if run.shards > 1 else [],
+        "client_limited": usable_as_evidence(run).to_dict(),
         "links": {
             "page": run.get_absolute_url(),
             "timeline": reverse("api:run-timeline", args=[run.pk]),

@@ -6,10 +6,11 @@ import re
 
 from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS
+from django.db.models import Max
 
 from benchmarks import cost
 from benchmarks.choices import Pricing
-from benchmarks.models import BenchmarkRun, Price
+from benchmarks.models import BenchmarkRun, LoadProfile, Price
 from benchmarks.services.prices import PRICE_AS
 from hosts.models import Host
 
@@ -28,7 +29,8 @@ class CostForm(forms.Form):
         "restart_overhead_pct": "0",
         "pricing": Pricing.ON_DEMAND,
         "slo_ttft_p95_ms": "500",
-        "max_error_rate_pct": "",
+        # Errors count unless the user clears the field: 1 % (cost.DEFAULT_MAX_ERROR_RATE).
+        "max_error_rate_pct": f"{cost.DEFAULT_MAX_ERROR_RATE * 100:g}",
         "rank_by": "per_request",
     }
 
@@ -53,9 +55,18 @@ class CostForm(forms.Form):
         required=False,
         min_value=0,
         max_value=100,
-        help_text="Empty: any error rate.",
+        help_text=f"Default {cost.DEFAULT_MAX_ERROR_RATE * 100:g} %: a config that fails "
+        "more requests is not cheap, whatever it costs per success. Empty: any error rate.",
     )
     rank_by = forms.ChoiceField(label="Cheapest by", choices=list(cost.METRICS.items()))
+    profile = forms.ModelChoiceField(
+        queryset=LoadProfile.objects.all(),
+        required=False,
+        label="Rank runs of profile",
+        empty_label="the one most selected runs used",
+        help_text="Only runs of one load profile are ranked: a config measured under a "
+        "lighter load looks cheaper. Runs of other profiles are listed, not ranked.",
+    )
     runs = forms.ModelMultipleChoiceField(
         queryset=BenchmarkRun.objects.filter(completed__isnull=False),
         required=False,
@@ -104,6 +115,17 @@ class CostForm(forms.Form):
                     "pk", "label", "deployment__host__name", "deployment__name", "status"
                 )
             )
+        # Profiles that have runs to price, those used most recently first.
+        used = (
+            LoadProfile.objects.filter(runs__completed__isnull=False)
+            .annotate(latest=Max("runs__created_at"))
+            .order_by("-latest")
+        )
+        listed = [(profile.pk, str(profile)) for profile in used[:RUN_CHOICES_SHOWN]]
+        wanted = data.get("profile") if hasattr(data, "get") else None
+        if wanted and str(wanted).isdigit() and int(wanted) not in {pk for pk, _ in listed}:
+            listed += [(p.pk, str(p)) for p in LoadProfile.objects.filter(pk=int(wanted))]
+        self.fields["profile"].widget.choices = [("", self.fields["profile"].empty_label)] + listed
         self.fields["runs"].widget.choices = [
             (pk, f"#{pk} {label} · {host}/{name}{'' if status == 'succeeded' else ' · ' + status}")
             for pk, label, host, name, status in rows
@@ -154,6 +176,7 @@ class CostForm(forms.Form):
             "price_as": data["price_as"],
             "prices": [price.pk for price in data.get("prices") or []],
             "focus": data.get("focus") or None,
+            "profile": data["profile"].pk if data.get("profile") else None,
         }
 
 

@@ -120,9 +120,19 @@ class ProfileForm(forms.Form):
     )
     output_low = forms.IntegerField(required=False, label="Low")
     output_high = forms.IntegerField(required=False, label="High")
-    prefix_len = forms.IntegerField(required=False, label="Shared prefix (tokens)")
+    prefix_len = forms.IntegerField(
+        required=False,
+        label="Shared prefix (tokens)",
+        help_text="Added on top of the input length, as vLLM's --random-prefix-len.",
+    )
     prefix_groups = forms.IntegerField(required=False, label="Distinct prefixes")
     prefix_share_pct = forms.FloatField(required=False, label="Requests sharing one (%)")
+    prefix_within_input = forms.BooleanField(
+        required=False,
+        label="Input length includes the prefix",
+        help_text="Ticked: the input length is the whole prompt and the prefix its first "
+        "tokens, as a traffic sample counts a request (and as this panel did before).",
+    )
     warmup_requests = forms.IntegerField(required=False, label="Warm-up requests")
     slo_ttft = forms.FloatField(required=False, label="TTFT SLO (ms)")
     slo_tpot = forms.FloatField(required=False, label="TPOT SLO (ms)")
@@ -271,6 +281,8 @@ class ProfileForm(forms.Form):
                 document[key] = data[key]
         if data.get("prefix_share_pct") is not None:
             document["prefix_share"] = _num(round(data["prefix_share_pct"] / 100, 6))
+        if data.get("prefix_within_input"):
+            document["prefix_within_input"] = True
         document["slo"] = {
             k: _num(data[f"slo_{k}"]) for k, _ in SLOS if data.get(f"slo_{k}") is not None
         }
@@ -366,6 +378,7 @@ def initial_from_document(spec: dict) -> dict:
         "prefix_len": p["prefix_len"],
         "prefix_groups": p["prefix_groups"],
         "prefix_share_pct": _num(round(float(p["prefix_share"]) * 100, 4)),
+        "prefix_within_input": p["prefix_within_input"],
         "warmup_requests": p["warmup_requests"],
         "seed": p["seed"],
         "max_error_rate_pct": None
@@ -439,7 +452,8 @@ class TrafficForm(forms.Form):
         required=False,
         min_value=0,
         label="Shared prefix (tokens)",
-        help_text="Length of the prompt part that requests of one prefix_id share.",
+        help_text="Length of the prompt part that requests of one prefix_id share (counted "
+        "within each request's input tokens, as the sample counts them).",
     )
     warmup_requests = forms.IntegerField(required=False, min_value=0)
 

@@ -77,8 +77,11 @@ def histogram(text: str) -> LengthDist:
 
 
 def length(kind: str, mean: int, stddev: float, ratio: float) -> LengthDist:
+    if not 0 <= ratio < 1:  # vLLM refuses the same
+        raise SpecError("--random-range-ratio: must be in [0, 1)")
     if kind == "fixed" and ratio > 0:  # vllm's --random-range-ratio: uniform around the mean
-        low, high = max(1, round(mean * (1 - ratio))), round(mean * (1 + ratio))
+        # vLLM's bounds (RandomDataset.get_sampling_params): floor below, ceil above.
+        low, high = max(1, math.floor(mean * (1 - ratio))), math.ceil(mean * (1 + ratio))
         return LengthDist("uniform", mean, low=low, high=high)
     if kind == "uniform":
         spread = stddev or mean * 0.5
@@ -106,12 +109,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-prompts", type=int, default=1000)
     p.add_argument("--random-input-len", type=int, default=1024)
     p.add_argument("--random-output-len", type=int, default=128)
-    p.add_argument("--random-range-ratio", type=float, default=0.0)
     p.add_argument(
-        "--random-prefix-len", type=int, default=0, help="shared prefix tokens (prefix-cache tests)"
+        "--random-range-ratio",
+        type=float,
+        default=0.0,
+        help="as vLLM's: input/output lengths uniform in "
+        "[floor(len * (1 - ratio)), ceil(len * (1 + ratio))]; the prefix is not spread",
     )
-    p.add_argument("--prefix-groups", type=int, default=1)
-    p.add_argument("--prefix-share", type=float, default=1.0)
+    p.add_argument(
+        "--random-prefix-len",
+        type=int,
+        default=0,
+        help="as vLLM's: shared prefix tokens sent before each request's own "
+        "--random-input-len tokens (the total input is their sum)",
+    )
+    p.add_argument(
+        "--prefix-groups", type=int, default=1, help="distinct shared prefixes (default 1)"
+    )
+    p.add_argument(
+        "--prefix-share",
+        type=float,
+        default=1.0,
+        help="share of requests that send a shared prefix (default 1: all, as vLLM)",
+    )
     p.add_argument(
         "--input-dist", default="fixed", choices=["fixed", "uniform", "normal", "lognormal"]
     )

@@ -27,6 +27,25 @@ class MalformedStream(Exception):
     """The server's answer is not the SSE stream an OpenAI-compatible server sends."""
 
 
+class UnreadableStream(MalformedStream):
+    """Bytes the client could not make sense of (an event that is not JSON, spliced with
+    another): what a client reading two streams into one buffer produces, as well as a broken
+    server. Counted as ``client_error``, never as what the engine answered."""
+
+
+# Failures the load generator itself can cause: a mangled read (its transport, a starved or
+# racing client), its own connection pool or write timing out. Their own error class, so a run
+# never reports them as the engine's answer; ``benchmarks.evidence`` refuses runs that have any.
+CLIENT_ERROR = "client_error"
+
+
+def server_closed(exc: httpx.RemoteProtocolError) -> bool:
+    """Whether a protocol error says the server ended the connection (its doing), rather than
+    that the bytes read made no sense (possibly the client's)."""
+    text = str(exc).lower()
+    return "closed" in text or "disconnected" in text
+
+
 def request_body(endpoint: str, model: str, prompt: Prompt, ignore_eos: bool) -> dict:
     body = {
         "model": model,
@@ -134,7 +153,7 @@ async def send(
                             try:
                                 message = json.loads(data)
                             except json.JSONDecodeError:
-                                raise MalformedStream(f"not JSON: {data[:80]!r}") from None
+                                raise UnreadableStream(f"not JSON: {data[:80]!r}") from None
                             if "error" in message and not message.get("choices"):
                                 raise MalformedStream(f"error in stream: {message['error']}")
                             text = _token_text(message)
@@ -156,13 +175,22 @@ async def send(
                 record.output_tokens = chunks
             if chunks == 0:
                 raise MalformedStream("the stream carried no tokens")
+    except UnreadableStream as exc:
+        record.error_class, record.error = CLIENT_ERROR, str(exc)
     except MalformedStream as exc:
         record.error_class, record.error = "malformed_stream", str(exc)
+    except (httpx.PoolTimeout, httpx.WriteTimeout) as exc:
+        # The client's own queue (its pool) or its own sending timed out.
+        record.error_class, record.error = CLIENT_ERROR, f"{type(exc).__name__}: {exc}"
+    except httpx.RemoteProtocolError as exc:
+        # Broken HTTP framing ("Invalid character in chunk size") is what a client reading
+        # another request's bytes sees; a server that closed the connection is the server's.
+        record.error_class = "connection" if server_closed(exc) else CLIENT_ERROR
+        record.error = f"{type(exc).__name__}: {exc}"
     except httpx.TimeoutException as exc:
         record.error_class, record.error = "timeout", f"{type(exc).__name__}: {exc}"
     except (
         httpx.ConnectError,
-        httpx.RemoteProtocolError,
         httpx.ReadError,
         httpx.WriteError,
     ) as exc:

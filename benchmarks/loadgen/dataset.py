@@ -37,6 +37,7 @@ class PromptFactory:
         self.tokens_per_word = tokens_per_word
         self.tokenizer = load_tokenizer(dataset.tokenizer) if dataset.tokenizer else None
         self._prefixes: dict[int, list[int]] = {}
+        self._prefix_texts: dict[tuple[int | None, int], str] = {}
 
     def _prefix_ids(self, group: int) -> list[int]:
         if group not in self._prefixes:
@@ -53,21 +54,50 @@ class PromptFactory:
         output_len: int | None = None,
         prefix_id: int | None = -1,
     ) -> Prompt:
-        """Prompt ``index``; lengths and prefix from a trace row when given."""
+        """Prompt ``index``; lengths and prefix from a trace row when given.
+
+        A sampled prompt is the group's shared prefix followed by ``input_len`` tokens of its
+        own (vLLM's ``--random-prefix-len``). A trace row's ``input_len`` is the whole prompt
+        as it was recorded, so its prefix is counted within it.
+        """
         d = self.dataset
         rng = random.Random(f"req:{self.seed}:{index}")
-        n_in = input_len if input_len is not None else d.input_len.sample(rng)
+        from_trace = input_len is not None
+        n_in = input_len if from_trace else d.input_len.sample(rng)
         n_out = output_len if output_len is not None else d.output_len.sample(rng)
         if prefix_id == -1:  # not given: the dataset decides
             shared = d.prefix_len > 0 and rng.random() < d.prefix_share
             prefix_id = rng.randrange(d.prefix_groups) if shared else None
-        prefix = self._prefix_ids(prefix_id)[:n_in] if prefix_id is not None else []
-        ids = prefix + [rng.randrange(TOKEN_LOW, TOKEN_HIGH) for _ in range(n_in - len(prefix))]
+        prefix = self._prefix_ids(prefix_id) if prefix_id is not None else []
+        if from_trace or d.prefix_within_input:
+            prefix = prefix[:n_in]
+            own = n_in - len(prefix)
+        else:
+            own = n_in
+        rest = [rng.randrange(TOKEN_LOW, TOKEN_HIGH) for _ in range(own)]
+        total = len(prefix) + own
         if d.prompt_format == "token_ids":
-            return Prompt(ids, n_in, n_out, prefix_id)
-        return Prompt(self._text(ids), n_in, n_out, prefix_id)
+            return Prompt(prefix + rest, total, n_out, prefix_id)
+        return Prompt(self._text(prefix, rest, prefix_id), total, n_out, prefix_id)
 
-    def _text(self, ids: list[int]) -> str:
+    def _text(self, prefix: list[int], rest: list[int], group: int | None) -> str:
+        # The shared part and the own part become text separately, so that the text of a
+        # shared prefix is the same in every request of its group and the own part is
+        # never swallowed by it (a prefix longer in words than the prompt would make every
+        # request of the group the same text).
+        parts = []
+        if prefix:
+            key = (group, len(prefix))
+            if key not in self._prefix_texts:
+                self._prefix_texts[key] = self._ids_text(prefix)
+            parts.append(self._prefix_texts[key])
+        if rest or not parts:
+            parts.append(self._ids_text(rest))
+        return " ".join(parts)
+
+    def _ids_text(self, ids: list[int]) -> str:
+        if not ids:
+            return ""
         if self.tokenizer is not None:
             return self._exact_text(ids)
         words = max(1, round(len(ids) / self.tokens_per_word))

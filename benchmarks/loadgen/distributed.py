@@ -212,6 +212,7 @@ def shard_report(load: ShardRun, result, hostname: str = "", origin: float = 0.0
         "stopped_early": result.stopped_early,
         "stopped_on_errors": result.stopped_on_errors,
         "timestamps": result.summary.get("timestamps"),
+        "client_health": result.client_health,
     }
 
 
@@ -343,7 +344,48 @@ def merge_reports(reports: list[dict], expected: int, goodput=None) -> dict:
         "timeline": merge_timelines(reports),
         "shards": health,
         "records": kept,
+        "client_health": merge_health([r.get("client_health") for r in reports]),
     }
+
+
+def merge_health(healths: list[dict | None]) -> dict | None:
+    """The run's load-generator health from its shards': the worst shard's lag, CPU share and
+    lateness (one starved shard is enough to distort the run's numbers), the counts added up.
+    None when no shard measured it (an older shard)."""
+    healths = [h for h in healths if h]
+    if not healths:
+        return None
+
+    def worst(part: str, key: str):
+        values = [h[part][key] for h in healths if (h.get(part) or {}).get(key) is not None]
+        return max(values) if values else None
+
+    def total(part: str, key: str) -> int:
+        return sum((h.get(part) or {}).get(key) or 0 for h in healths)
+
+    out = {
+        "loop_lag_ms": {
+            "p50": worst("loop_lag_ms", "p50"),
+            "p99": worst("loop_lag_ms", "p99"),
+            "max": worst("loop_lag_ms", "max"),
+            "samples": total("loop_lag_ms", "samples"),
+        },
+        "sends": {
+            "scheduled": total("sends", "scheduled"),
+            "late": total("sends", "late"),
+            "late_ms": worst("sends", "late_ms"),
+            "late_p99_ms": worst("sends", "late_p99_ms"),
+            "late_max_ms": worst("sends", "late_max_ms"),
+        },
+        "shards": len(healths),
+    }
+    if any(h.get("cpu") for h in healths):
+        out["cpu"] = {
+            "loop_thread_share": worst("cpu", "loop_thread_share"),
+            "process_share": worst("cpu", "process_share"),
+            "wall_s": worst("cpu", "wall_s"),
+        }
+    return out
 
 
 def run_shard(

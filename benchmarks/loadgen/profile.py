@@ -11,11 +11,19 @@ Document (every key optional; ``normalize`` fills the defaults)::
      "stages": [{"name": "peak", "concurrency": 64, "num_requests": 500}, ...],
      "input_len": {"kind": "lognormal", "mean": 900, "stddev": 0.6, "high": 8000},
      "output_len": {"kind": "fixed", "mean": 200},
-     "prefix_len": 0, "prefix_groups": 1, "prefix_share": 1.0,
+     "prefix_len": 0, "prefix_groups": 1, "prefix_share": 1.0, "prefix_within_input": false,
      "warmup_requests": 10, "slo": {"ttft": 500, "tpot": 50},
      "seed": 0, "ignore_eos": true, "max_error_rate": null, "request_timeout_s": 600,
      "replay": null | {"rows": [[t, input_tokens, output_tokens, prefix_id|null], ...],
                        "time_scale": 1.0}}
+
+A request that shares a prefix sends ``prefix_len`` shared tokens on top of its own
+``input_len`` tokens, as vLLM's ``--random-prefix-len`` does (``prefix_share`` of the requests
+share one of ``prefix_groups`` prefixes). ``prefix_within_input: true`` makes ``input_len``
+the whole prompt, the prefix's tokens its first ones (cut to it): how a traffic sample counts
+a request (``traffic.fit`` sets it), and the panel's former rule, which the versions saved
+under it keep so that they and their runs still say what was sent. A replay row's input is
+the whole prompt as recorded, its prefix counted within it.
 
 ``max_error_rate`` is the share of failed requests (0 to 1) above which a run stops early and
 fails: the engine, not the load, would decide its numbers. ``null`` leaves it to the panel's
@@ -48,6 +56,7 @@ DEFAULTS = {
     "prefix_len": 0,
     "prefix_groups": 1,
     "prefix_share": 1.0,
+    "prefix_within_input": False,
     "warmup_requests": 10,
     "slo": {},
     "seed": 0,
@@ -89,6 +98,8 @@ def normalize(profile: dict) -> dict:
         bad = sorted(set(dist) - DIST_KEYS)
         if bad:
             raise SpecError(f"{key}: unknown field(s) {', '.join(bad)}")
+    if not isinstance(out["prefix_within_input"], bool):
+        raise SpecError("prefix_within_input: must be true or false")
     if not isinstance(out["slo"], dict):
         raise SpecError('slo: must be an object such as {"ttft": 500}')
     replay = out["replay"]
@@ -169,6 +180,7 @@ def build_spec(
                 prefix_len=int(p["prefix_len"]),
                 prefix_groups=int(p["prefix_groups"]),
                 prefix_share=float(p["prefix_share"]),
+                prefix_within_input=p["prefix_within_input"],
                 prompt_format="text" if p["endpoint"].endswith("chat/completions") else "token_ids",
             ),
             trace=Trace(trace_path, float(p["replay"].get("time_scale", 1.0)))
@@ -254,6 +266,41 @@ def plan(profile: dict) -> tuple[int | None, float | None]:
     return (requests if requests_known else None), (seconds if seconds_known else None)
 
 
+def length_mean(dist: dict) -> float:
+    """The mean length a distribution document draws (as ``LengthDist.sample`` does, before
+    its ``low``/``high`` clamp of the unbounded kinds); an empirical one's values are
+    ``[length, weight]`` pairs (what ``traffic.fit`` writes) or bare lengths."""
+    kind = dist.get("kind", "fixed")
+    if kind == "uniform" and dist.get("low") is not None:
+        return (float(dist["low"]) + float(dist.get("high", dist["low"]))) / 2
+    if kind == "empirical" and dist.get("values"):
+        pairs = [v if isinstance(v, list | tuple) else (v, 1) for v in dist["values"]]
+        total = sum(float(w) for _, w in pairs)
+        if total > 0:
+            return sum(float(n) * float(w) for n, w in pairs) / total
+    return float(dist.get("mean") or 1)
+
+
+def prompt_tokens(profile: dict) -> tuple[float, float]:
+    """(prompt tokens a request sends on average, of which in a shared prefix): the one
+    reading of ``prefix_len`` that the KV math, the predictions and the advisor share with
+    the load generator (``dataset.PromptFactory``). A replay's rows are whole prompts."""
+    p = normalize(profile)
+    prefix = int(p["prefix_len"] or 0)
+    if p["replay"] is not None:
+        rows = p["replay"]["rows"]
+        total = sum(float(r[1]) for r in rows)
+        shared = sum(
+            min(prefix, float(r[1])) for r in rows if prefix and len(r) > 3 and r[3] is not None
+        )
+        return total / len(rows), shared / len(rows)
+    own = length_mean(p["input_len"])
+    share = float(p["prefix_share"]) if prefix else 0.0
+    if p["prefix_within_input"]:
+        return own, share * min(prefix, own)
+    return own + share * prefix, share * prefix
+
+
 def _dist_text(d: dict) -> str:
     kind = d.get("kind", "fixed")
     if kind == "fixed":
@@ -293,7 +340,8 @@ def describe(profile: dict) -> str:
     lengths = f"{_dist_text(p['input_len'])}→{_dist_text(p['output_len'])} tokens"
     extra = ""
     if p["prefix_len"]:
-        extra = f", {p['prefix_len']}-token shared prefix on {p['prefix_share']:.0%}"
+        where = " (within the input)" if p["prefix_within_input"] else ""
+        extra = f", + {p['prefix_len']}-token shared prefix on {p['prefix_share']:.0%}{where}"
     slo = ", SLO " + " ".join(f"{k}≤{v:g}ms" for k, v in p["slo"].items()) if p["slo"] else ""
     return f"{load} · {lengths}{extra}{slo}"
 
@@ -345,7 +393,8 @@ BUILTINS: dict[str, dict] = {
     },
     "Shared system prompt": {
         "description": "Agents and assistants that reuse a 2,000-token system prompt: 90 % "
-        "of requests share one of 4 prefixes. Run with prefix caching on and off.",
+        "of requests send one of 4 shared 2,000-token prefixes, then ~300 tokens of their "
+        "own. Run with prefix caching on and off.",
         "spec": {
             "stages": [{"name": "main", "concurrency": 32, "num_requests": 300}],
             "input_len": {"kind": "normal", "mean": 300, "stddev": 100, "low": 16, "high": 1024},
@@ -363,7 +412,9 @@ BUILTINS: dict[str, dict] = {
 # -- sharing and comparing (helpers for the panel's pages) ----------------------------------
 
 EXPORT_FORMAT = "llm-control-panel/load-profile"
-EXPORT_VERSION = 1
+# Version 2: a shared prefix comes on top of the input length. A version-1 file was written
+# under the former rule, which its profile keeps (``prefix_within_input``).
+EXPORT_VERSION = 2
 
 
 def export_document(name: str, description: str, profile: dict) -> dict:
@@ -386,10 +437,11 @@ def read_export(data) -> tuple[str, str, dict]:
     if found != EXPORT_FORMAT:
         what = f"format {found!r}" if found else "no format field"
         raise SpecError(f"import: not a load profile export ({what}; expected {EXPORT_FORMAT!r})")
-    if data.get("version") != EXPORT_VERSION:
+    version = data.get("version")
+    if version not in (1, EXPORT_VERSION) or isinstance(version, bool):
         raise SpecError(
-            f"import: version {data.get('version')!r} of the format is not supported "
-            f"(this panel reads version {EXPORT_VERSION})"
+            f"import: version {version!r} of the format is not supported "
+            f"(this panel reads versions 1 and {EXPORT_VERSION})"
         )
     name = data.get("name")
     if not isinstance(name, str) or not name.strip() or len(name.strip()) > 100:
@@ -399,7 +451,10 @@ def read_export(data) -> tuple[str, str, dict]:
         raise SpecError("import: description must be text")
     if "spec" not in data:
         raise SpecError("import: no spec")
-    return name.strip(), description, validate(data["spec"])
+    spec = data["spec"]
+    if version == 1 and isinstance(spec, dict) and spec.get("prefix_len"):
+        spec = {"prefix_within_input": True, **spec}
+    return name.strip(), description, validate(spec)
 
 
 def changed_fields(old: dict, new: dict) -> list[str]:

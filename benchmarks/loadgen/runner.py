@@ -7,6 +7,7 @@ import gc
 import inspect
 import json
 import math
+import os
 import random
 import time
 from collections import deque
@@ -36,6 +37,11 @@ SCRAPE_LEAD_S = 0.25
 # Per-request TTFTs handed to the live view each second, at most this many (evenly spread
 # over the second's completions): enough for a scatter, bounded at any request rate.
 TTFT_SAMPLES_PER_TICK = 100
+# The load generator's own health (judged by ``benchmarks.evidence``): how often a probe task
+# asks the event loop to wake it (its oversleep is the lag every stream's reads waited too), and
+# how late an open-loop send may start before it counts as behind the schedule.
+LAG_PROBE_S = 0.02
+LATE_SEND_MS = 10.0
 
 
 class LoadGenError(RuntimeError):
@@ -80,6 +86,8 @@ class Result:
     failures: str | None = None
     records: list[dict] | None = None
     notes: list[str] = field(default_factory=list)
+    # The load generator's own health over the run (``LoadRun.health``).
+    client_health: dict | None = None
 
     def to_dict(self) -> dict:
         first = self.spec["stages"][0] if self.spec.get("stages") else {}
@@ -105,6 +113,7 @@ class Result:
             "stopped_on_errors": self.stopped_on_errors,
             "failures": self.failures,
             "notes": self.notes,
+            "client_health": self.client_health,
             "spec": self.spec,
         }
         if self.records is not None:
@@ -159,6 +168,11 @@ class LoadRun:
         self.failed = 0
         self.recent_ttfts: deque[tuple[float, float]] = deque()  # (first token at, ttft)
         self._tick_ttfts: list[tuple[float, float]] = []  # finished since the last tick
+        # The client's own health: event-loop oversleep per probe (s), how late each
+        # open-loop send started against its schedule (s), CPU clocks at the epoch.
+        self.loop_lags: list[float] = []
+        self.send_lateness: list[float] = []
+        self._cpu_start: tuple[float, float, float] | None = None
 
     # --- control --------------------------------------------------------------------------
     def cancel(self, reason: str | None = None) -> None:
@@ -210,7 +224,11 @@ class LoadRun:
                 await scraper.snapshot(0.0)
             await self._before_epoch()
             self.epoch = CLOCK()
-            background = [asyncio.create_task(self._ticker(scraper))]
+            self._cpu_start = _cpu_clocks()
+            background = [
+                asyncio.create_task(self._ticker(scraper)),
+                asyncio.create_task(self._probe_lag()),
+            ]
             try:
                 if spec.warmup_requests and not self.stopping:
                     await self._warmup()
@@ -235,6 +253,48 @@ class LoadRun:
 
     async def _before_epoch(self) -> None:
         """A hook for shards on other machines: they wait here for the shared start time."""
+
+    async def _probe_lag(self) -> None:
+        """Event-loop lag: how much later than asked a sleeping task wakes. Every stream's
+        reads wait as long, so a lagging loop stamps late and coalesces chunks."""
+        lags = self.loop_lags
+        while True:
+            asked = CLOCK()
+            await asyncio.sleep(LAG_PROBE_S)
+            lags.append(max(CLOCK() - asked - LAG_PROBE_S, 0.0))
+
+    def health(self) -> dict:
+        """The load generator's own health over the run: event-loop lag, its CPU use and how
+        far its sends fell behind the schedule. ``benchmarks.evidence`` judges it."""
+        lags = sorted(lag * 1000 for lag in self.loop_lags)
+        late = sorted(x * 1000 for x in self.send_lateness)
+        out = {
+            "loop_lag_ms": {
+                "p50": percentile(lags, 50) if lags else None,
+                "p99": percentile(lags, 99) if lags else None,
+                "max": lags[-1] if lags else None,
+                "samples": len(lags),
+            },
+            "sends": {
+                "scheduled": len(late),
+                "late": sum(1 for x in late if x > LATE_SEND_MS),
+                "late_ms": LATE_SEND_MS,
+                "late_p99_ms": percentile(late, 99) if late else None,
+                "late_max_ms": late[-1] if late else None,
+            },
+        }
+        if self._cpu_start is not None:
+            thread0, process0, wall0 = self._cpu_start
+            thread1, process1, wall1 = _cpu_clocks()
+            wall = max(wall1 - wall0, 1e-9)
+            out["cpu"] = {
+                # The loop's thread can use one core at most: near 100 % it is the bottleneck.
+                "loop_thread_share": (thread1 - thread0) / wall,
+                # The whole process (an embedded worker shares it with the web server).
+                "process_share": (process1 - process0) / wall,
+                "wall_s": wall,
+            }
+        return out
 
     async def _wait_ready(self, client: httpx.AsyncClient) -> None:
         """Wait until the server is ready (``hosts.engines.readiness``) and serves our model."""
@@ -412,6 +472,7 @@ class LoadRun:
     async def _dispatch(self, stage: str, plan, deadline: float, semaphore) -> None:
         """Start each request at its absolute scheduled time; never drift."""
         tasks = []
+        lateness = self.send_lateness
         for scheduled, row in plan:
             if self.stopping or scheduled >= deadline:
                 break
@@ -430,6 +491,9 @@ class LoadRun:
                     self._next_index, row.input_tokens, row.output_tokens, row.prefix_id
                 )
             record = self._record(stage, prompt, scheduled)
+            # Behind the schedule: a loop this late starts the send late (coordinated omission
+            # of the client's own making), whatever the engine does.
+            lateness.append(max(CLOCK() - self.epoch - scheduled, 0.0))
             tasks.append(asyncio.create_task(self._do(record, prompt, semaphore)))
         await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -533,7 +597,14 @@ class LoadRun:
             failures=engine_state(measured, self.url),
             records=[r.to_dict() for r in self.records] if self.spec.record_requests else None,
             notes=self.notes,
+            client_health=self.health(),
         )
+
+
+def _cpu_clocks() -> tuple[float, float, float]:
+    """(CPU seconds of this thread, of this process, wall seconds) now."""
+    times = os.times()
+    return time.thread_time(), times.user + times.system, CLOCK()
 
 
 async def arun(spec: LoadSpec, on_progress=None) -> Result:

@@ -29,6 +29,10 @@ COUNTERS = (
     "cached_prompt_tokens",
 )
 HISTOGRAMS = ("ttft", "itl", "e2e", "queue", "prefill", "decode")
+# Histograms whose buckets are kept too, for the window's quantiles: the engine's own TTFT and
+# ITL, which ``benchmarks.evidence`` holds the client's numbers against.
+QUANTILE_HISTOGRAMS = ("ttft", "itl")
+QUANTILES = (50, 95)
 _READ = frozenset((*GAUGES, *COUNTERS, *HISTOGRAMS))
 
 
@@ -38,12 +42,46 @@ def _family_values(metric, family) -> dict[str, float]:
     if metric.kind == "counter":
         return {metric.key: sum(s.value for s in family.samples if s.name.endswith("_total"))}
     out = {f"{metric.key}_sum": 0.0, f"{metric.key}_count": 0.0}
+    buckets: dict[float, float] = {}
     for sample in family.samples:
         if sample.name.endswith("_sum"):
             out[f"{metric.key}_sum"] += sample.value
         elif sample.name.endswith("_count"):
             out[f"{metric.key}_count"] += sample.value
+        elif sample.name.endswith("_bucket") and metric.key in QUANTILE_HISTOGRAMS:
+            le = float(sample.labels.get("le", "nan"))
+            if le == le:
+                buckets[le] = buckets.get(le, 0.0) + sample.value
+    if buckets:
+        out[f"{metric.key}_buckets"] = tuple(sorted(buckets.items()))
     return out
+
+
+def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
+    """The ``q`` quantile (0-1) of a histogram from cumulative ``(le, count)`` buckets, as
+    PromQL's ``histogram_quantile`` estimates it: linear within the bucket the rank falls in;
+    in the ``+Inf`` bucket, the highest finite bound. None when nothing was observed."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank and count > below:
+            if le == float("inf"):
+                return lower
+            return lower + (le - lower) * (rank - below) / (count - below)
+        lower, below = (le if le != float("inf") else lower), count
+    return lower
+
+
+def _bucket_delta(before: dict, after: dict, key: str) -> list[tuple[float, float]]:
+    """The window's cumulative buckets (after minus before); empty when the bounds differ
+    (an engine restarted with other buckets between the snapshots)."""
+    late = after.get(f"{key}_buckets") or ()
+    early = dict(before.get(f"{key}_buckets") or ())
+    if early and set(early) != {le for le, _ in late}:
+        return []
+    return [(le, count - early.get(le, 0.0)) for le, count in late]
 
 
 def parse(text: str) -> dict:
@@ -82,6 +120,11 @@ def deltas(before: dict, after: dict) -> dict:
         if f"{ours}_count" in after:
             out[f"server_mean_{ours}_ms"] = total / count * 1000 if count else None
             out[f"server_{ours}_count"] = count
+    for ours in QUANTILE_HISTOGRAMS:
+        window = _bucket_delta(before, after, ours)
+        for q in QUANTILES if window else ():
+            value = bucket_quantile(q / 100, window)
+            out[f"server_p{q}_{ours}_ms"] = value * 1000 if value is not None else None
     out.update(_hit_rate(before, after, out))
     return out
 

@@ -97,13 +97,21 @@ class Stage:
 
 @dataclass(frozen=True)
 class Dataset:
-    """Synthetic prompts: lengths, and shared-prefix groups for prefix-cache tests."""
+    """Synthetic prompts: lengths, and shared-prefix groups for prefix-cache tests.
+
+    A request that shares a prefix sends ``prefix_len`` shared tokens *and then* its own
+    ``input_len`` tokens, as vLLM's ``--random-prefix-len`` does (the range ratio spreads the
+    own part only). With ``prefix_within_input`` the input length is the whole prompt and the
+    prefix's tokens are its first ones, cut to it: how a traffic sample counts a request, and
+    the panel's former rule, which the profile versions saved under it keep.
+    """
 
     input_len: LengthDist = field(default_factory=lambda: LengthDist("fixed", 512))
     output_len: LengthDist = field(default_factory=lambda: LengthDist("fixed", 128))
-    prefix_len: int = 0  # tokens of a shared system prompt
+    prefix_len: int = 0  # tokens of a shared system prompt, on top of input_len
     prefix_groups: int = 1  # distinct shared prompts
     prefix_share: float = 1.0  # share of requests that use one (when prefix_len > 0)
+    prefix_within_input: bool = False
     prompt_format: Literal["token_ids", "text"] = "token_ids"
     # A local tokenizer (a directory with tokenizer.json, or the file) makes text prompts exact.
     tokenizer: str | None = None

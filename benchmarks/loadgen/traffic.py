@@ -347,15 +347,22 @@ def histogram(values: list[int], buckets: int = MAX_BUCKETS) -> dict:
 def _prefix_fields(rows: list[TrafficRow], prefix_len: int | None) -> dict:
     """Shared-prefix keys from the sample's prefix ids (ids seen twice or more are shared);
     ``prefix_len`` overrides the sample's own prefix length column. A length given for a
-    sample without ids means one prefix shared by every request."""
+    sample without ids means one prefix shared by every request.
+
+    A sample counts a request's prefix within its input tokens (the prompt as it was sent),
+    so the profile keeps its input lengths whole and says so (``prefix_within_input``)
+    rather than adding the prefix on top as a hand-written profile does."""
     prefixes = _prefixes(rows)
     length = prefix_len if prefix_len is not None else prefixes["length"]
     if not prefixes["groups"] or not length:
-        return {"prefix_len": 0} if prefix_len is None else {"prefix_len": int(prefix_len)}
+        if not prefix_len:
+            return {"prefix_len": 0}
+        return {"prefix_len": int(prefix_len), "prefix_within_input": True}
     return {
         "prefix_len": int(length),
         "prefix_groups": prefixes["groups"],
         "prefix_share": round(prefixes["share"], 4),
+        "prefix_within_input": True,
     }
 
 

@@ -35,15 +35,27 @@ from collections import defaultdict
 import httptools
 import httpx
 
+from hosts.transport.tls import system_trust
+
 CLOCK = time.perf_counter
 # Linux's value; Python only names it on some builds.
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 _TIMESPEC = struct.Struct("@qq")
 _ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
 READ_SIZE = 256 * 1024  # long-context answers must not be read in small pieces (vLLM #39963)
-# One buffer for every connection: reads happen one at a time on the event loop's thread.
-_READ_VIEW = memoryview(bytearray(READ_SIZE))
-_READ_BUFFERS = [_READ_VIEW]
+
+
+class ReadBuffer:
+    """The preallocated buffer one connection pool reads into. Its connections share it:
+    they run on the pool's one event loop, and each read is parsed (and what it keeps copied
+    out) before the next read starts. Never shared between pools: two runs in two threads,
+    each with its own loop, would write into each other's bytes mid-parse."""
+
+    __slots__ = ("view", "buffers")
+
+    def __init__(self):
+        self.view = memoryview(bytearray(READ_SIZE))
+        self.buffers = [self.view]
 
 
 def enable_rx_stamps(sock: socket.socket) -> bool:
@@ -96,6 +108,7 @@ class _Connection:
     __slots__ = (
         "sock",
         "loop",
+        "read_buffer",
         "parser",
         "kernel_stamps",
         "headers",
@@ -114,8 +127,10 @@ class _Connection:
         "closed",
     )
 
-    def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop):
-        self.sock, self.loop = sock, loop
+    def __init__(
+        self, sock: socket.socket, loop: asyncio.AbstractEventLoop, read_buffer: ReadBuffer
+    ):
+        self.sock, self.loop, self.read_buffer = sock, loop, read_buffer
         self.kernel_stamps = enable_rx_stamps(sock)
         self.timeout: float | None = None
         self.last_read = time.monotonic()
@@ -164,12 +179,12 @@ class _Connection:
                 self.loop.remove_reader(self.sock.fileno())
 
     def _on_readable(self) -> None:
-        sock = self.sock
+        sock, read_buffer = self.sock, self.read_buffer
         while True:
             try:
                 # Into one preallocated buffer: a fresh 256 KiB bytes per read would be an
                 # mmap/munmap pair per chunk.
-                size, stamp = recv_stamped(sock, _READ_BUFFERS)
+                size, stamp = recv_stamped(sock, read_buffer.buffers)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:
@@ -184,7 +199,7 @@ class _Connection:
                 self.stop_reading()
                 break
             try:
-                self.parser.feed_data(_READ_VIEW[:size])  # on_body copies out what it keeps
+                self.parser.feed_data(read_buffer.view[:size])  # on_body copies out what it keeps
             except httptools.HttpParserUpgrade:
                 pass
             except httptools.HttpParserError as exc:
@@ -288,7 +303,10 @@ class FastTransport(httpx.AsyncBaseTransport):
         self._idle: dict[tuple, list[_Connection]] = defaultdict(list)
         self._active: set[_Connection] = set()
         self._watchdog: asyncio.Task | None = None
+        # HTTPS goes through httpx, verified against the process's one context unless told.
+        https_kwargs.setdefault("verify", system_trust())
         self._https = httpx.AsyncHTTPTransport(**https_kwargs)
+        self._read_buffer = ReadBuffer()
 
     async def _watch(self) -> None:
         # One timer for all connections instead of a timeout object per read (that cost more
@@ -397,7 +415,7 @@ class FastTransport(httpx.AsyncBaseTransport):
                 sock.close()
                 raise
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Connection(sock, loop)
+            conn = _Connection(sock, loop, self._read_buffer)
             if not conn.kernel_stamps:
                 self.stamp_source = "read"
             elif self.stamp_source is None:

@@ -5,7 +5,8 @@
     items = builtin_set("panel-core")
     base = run_probe_sync("http://gpu1:8000", "llama-8b-bf16", items)
     cand = run_probe_sync("http://gpu1:8001", "llama-8b-fp8", items)
-    print(compare(base, cand, items).verdict)   # "loss" | "no loss" | "cannot tell"
+    # "loss" | "no loss" | "no significant loss" | "cannot tell", and why:
+    print(compare(base, cand, items).judged["text"])
 
 Probe sets are JSONL (``items``), scored by ``scorers``, compared with paired statistics
 (``stats``, ``compare``); ``python -m benchmarks.quality`` is the command line.

@@ -172,7 +172,7 @@ def cmd_compare(args) -> int:
             f"unpaired: {len(result.only_in_baseline)} only in baseline, "
             f"{len(result.only_in_candidate)} only in candidate (not counted)"
         )
-    print(f"verdict: {result.verdict} ({o.reason})")
+    print(f"verdict: {result.judged['text']}")
     return 0
 
 

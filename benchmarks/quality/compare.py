@@ -5,7 +5,13 @@ accuracy (positive = the candidate lost) and its paired interval (Agresti–Min,
 
 * "loss": McNemar's p < 1 − confidence AND the point loss d > max_loss;
 * "no loss": the interval's upper bound ≤ max_loss;
-* "cannot tell": neither; the reason says why (too few items, or an interval too wide).
+* "cannot tell": neither; the reason says why (too few items, or an interval too wide), and
+  whenever the baseline answers too few items right (``baseline_floor``): a set the engine
+  cannot answer shows no loss because there is nothing to lose, not because nothing was lost.
+
+The comparison's own verdict (``Comparison.verdict``, ``to_dict()["verdict"]``) is
+``quality_verdict``'s: the words a change's page, its timeline, the API and the CLI all say —
+"loss", "no loss", "no significant loss" or "cannot tell" (see its docstring).
 
 Items are paired by id; items on one side only are listed and not counted. A request error
 counts as a wrong answer (a model that times out did not answer). Agreement items (no key) count
@@ -28,6 +34,30 @@ from benchmarks.quality.stats import (
 )
 
 EXCERPT_CHARS = 160
+
+# The floor under which a comparison cannot show a loss, whatever its interval says. A loss
+# shows only on items the baseline got right. With fewer than 10 of them, McNemar needs 6
+# lost and none gained to reach p < 0.05 (p = 2 · 0.5⁶ = 0.031): the change could lose more
+# than half of what the engine answered and pass. Below 20 % (under the 25 % a four-option
+# guess scores) the engine is not answering the set as asked (its chat template, the answer
+# format, a max_tokens that cuts the answer off): the probe measures that, not the change.
+MIN_BASELINE_CORRECT = 10
+MIN_BASELINE_ACCURACY = 0.20
+
+
+def baseline_floor(correct: int, n: int) -> str | None:
+    """Why a comparison cannot tell because its baseline answers too few of its ``n``
+    paired items right ("the baseline scores 0.0 % …"), or None when it answers enough."""
+    if n <= 0:
+        return None
+    accuracy = correct / n
+    if correct >= MIN_BASELINE_CORRECT and accuracy >= MIN_BASELINE_ACCURACY:
+        return None
+    return (
+        f"the baseline scores {accuracy * 100:.1f} % ({correct} of {n} items right): below "
+        f"{MIN_BASELINE_ACCURACY * 100:.0f} % or {MIN_BASELINE_CORRECT} items right a loss "
+        "cannot show"
+    )
 
 
 @dataclass
@@ -102,8 +132,13 @@ class Comparison:
         return self.groups[0]
 
     @property
+    def judged(self) -> dict:
+        """``quality_verdict`` of this comparison: ``{"verdict", "reason", "text"}``."""
+        return quality_verdict({"groups": [asdict(g) for g in self.groups]})
+
+    @property
     def verdict(self) -> str:
-        return self.overall.verdict
+        return self.judged["verdict"]
 
     def group(self, key: str) -> GroupComparison:
         for g in self.groups:
@@ -112,12 +147,12 @@ class Comparison:
         raise KeyError(key)
 
     def to_dict(self) -> dict:
+        groups = [asdict(g) for g in self.groups]
         return {
             "max_loss": self.max_loss,
             "confidence": self.confidence,
-            "verdict": self.verdict,
-            "reason": self.overall.reason,
-            "groups": [asdict(g) for g in self.groups],
+            **quality_verdict({"groups": groups}),
+            "groups": groups,
             "changed": self.changed,
             "only_in_baseline": self.only_in_baseline,
             "only_in_candidate": self.only_in_candidate,
@@ -167,8 +202,17 @@ def _rate(values: list[bool | None]) -> float | None:
     return sum(1 for v in values if v) / len(values) if values else None
 
 
-def verdict_for(b: int, c: int, n: int, max_loss: float, confidence: float) -> tuple[str, str]:
-    """("loss" | "no loss" | "cannot tell", why) for b only-baseline and c only-candidate."""
+def verdict_for(
+    b: int,
+    c: int,
+    n: int,
+    max_loss: float,
+    confidence: float,
+    *,
+    baseline_correct: int | None = None,
+) -> tuple[str, str]:
+    """("loss" | "no loss" | "cannot tell", why) for b only-baseline and c only-candidate;
+    ``baseline_correct`` (when given) applies ``baseline_floor`` to anything but a loss."""
     if n == 0:
         return "cannot tell", "no paired items"
     p = mcnemar(b, c)
@@ -179,6 +223,8 @@ def verdict_for(b: int, c: int, n: int, max_loss: float, confidence: float) -> t
         return "loss", (
             f"{loss:.1%} fewer correct (McNemar p={p:.3g}); more than the {max_loss:.1%} allowed"
         )
+    if baseline_correct is not None and (floor := baseline_floor(baseline_correct, n)):
+        return "cannot tell", floor
     if high <= max_loss:
         return "no loss", f"at {pct} confidence the loss is at most {high:.1%} ≤ {max_loss:.1%}"
     needed = min_items_for_no_loss(max_loss, confidence)
@@ -210,7 +256,7 @@ def _group(
     b = sum(1 for p in pairs if p.base_ok and not p.cand_ok)
     c = sum(1 for p in pairs if p.cand_ok and not p.base_ok)
     base_k, cand_k = both + b, both + c
-    verdict, reason = verdict_for(b, c, n, max_loss, confidence)
+    verdict, reason = verdict_for(b, c, n, max_loss, confidence, baseline_correct=base_k)
     json_pairs = [p for p in pairs if p.item.answer.scorer == "json"]
     return GroupComparison(
         key=key,
@@ -316,3 +362,56 @@ def accuracy_table(items: list[ProbeItem], results: list[ItemResult]) -> list[di
             {"category": cat, "language": lang, "n": n, "correct": k, "low": low, "high": high}
         )
     return rows
+
+
+# Fewer paired items than this overall and a comparison says nothing about a change.
+MIN_ITEMS_FOR_A_VERDICT = 30
+
+
+def quality_verdict(result: dict) -> dict:
+    """The one verdict on a quality comparison (``Comparison.to_dict()``, stored or new),
+    in words that say exactly what was shown; a change's header, its timeline, the probe
+    comparison page, the API and the CLI all say these. ``{"verdict", "reason", "text"}``:
+
+    - "loss" when the whole set, a category or a language lost significantly and by more
+      than the threshold (the crossings, a dozen items each, only inform the table);
+    - "cannot tell" with too few paired items (or most of them errors), or when the
+      baseline answers too few items right to show a loss (``baseline_floor``: a set the
+      engine cannot answer "passes" every change);
+    - "no loss" when the whole set's loss is shown to be within the threshold;
+    - "no significant loss" when none was significant but a loss up to the interval's upper
+      bound cannot be ruled out (proving "within 1 pp" takes ~200 paired items with almost
+      no changed answers: an FP8 switch typically lands here)."""
+    verdict, reason = _quality_verdict(result)
+    return {"verdict": verdict, "reason": reason, "text": f"{verdict}: {reason}"}
+
+
+def _quality_verdict(result: dict) -> tuple[str, str]:
+    groups = (result or {}).get("groups") or []
+    overall = next((g for g in groups if g["key"] == "overall"), None)
+    if overall is None or overall["n"] < MIN_ITEMS_FOR_A_VERDICT:
+        n = overall["n"] if overall else 0
+        return "cannot tell", f"{n} paired items; at least {MIN_ITEMS_FOR_A_VERDICT} are needed"
+    lost = [
+        g for g in groups if g["verdict"] == "loss" and (g["key"] == "overall" or ":" in g["key"])
+    ]
+    if lost:
+        parts = [
+            f"{g['key'].split(':')[-1]} {g['baseline_accuracy']:.0%} → "
+            f"{g['candidate_accuracy']:.0%} (p={g['mcnemar_p']:.3f})"
+            for g in lost
+        ]
+        return "loss", "; ".join(parts)
+    correct = overall.get("baseline_correct")
+    if correct is None:
+        correct = round(overall["baseline_accuracy"] * overall["n"])
+    if floor := baseline_floor(correct, overall["n"]):
+        return "cannot tell", floor
+    if overall["verdict"] == "no loss":
+        return "no loss", overall["reason"]
+    upper = overall["loss_ci"][1]
+    return "no significant loss", (
+        f"no group lost significantly ({overall['n']} items, {overall['only_baseline']} "
+        f"right only before, {overall['only_candidate']} only after); a loss up to "
+        f"{upper * 100:.1f} pp cannot be ruled out"
+    )

@@ -20,6 +20,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import regex
+
+from benchmarks.quality import patterns, schemas
+
 CATEGORIES = ("factual", "reasoning", "math", "json", "format", "long_context")
 LANGUAGES = ("en", "ko")
 SCORERS = ("exact", "regex", "numeric", "choice", "json", "agreement")
@@ -224,8 +228,8 @@ def _check_key(key: AnswerKey) -> None:
         if not isinstance(key.pattern, str) or not key.pattern:
             raise ItemError("regex: 'pattern' is required")
         try:
-            re.compile(key.pattern)
-        except re.error as exc:
+            patterns.compiled(key.pattern)
+        except regex.error as exc:
             raise ItemError(f"regex: bad pattern: {exc}") from None
     elif key.scorer == "numeric":
         if isinstance(expected, bool) or not isinstance(expected, int | float):
@@ -240,15 +244,9 @@ def _check_key(key: AnswerKey) -> None:
 
 
 def _check_json_key(key: AnswerKey) -> None:
-    # Imported here so the rest of the package (and its CLI's --help) loads without it.
-    from jsonschema import Draft202012Validator, SchemaError
-
-    if not isinstance(key.schema, dict):
-        raise ItemError("json: 'schema' (a JSON Schema object) is required")
-    try:
-        Draft202012Validator.check_schema(key.schema)
-    except SchemaError as exc:
-        raise ItemError(f"json: bad JSON Schema: {exc.message}") from None
+    problem = schemas.schema_problem(key.schema)
+    if problem is not None:
+        raise ItemError(f"json: {problem}")
     if key.fields is not None and not isinstance(key.fields, dict):
         raise ItemError("json: 'fields' must be an object")
 
@@ -329,13 +327,16 @@ def item_from_dict(data: Any) -> ProbeItem:
 def _check_reference(item: ProbeItem) -> None:
     from benchmarks.quality.scorers import score  # scorers import this module
 
-    if item.reference is not None and item.answer.scorer != "agreement":
-        verdict = score(item, item.reference)
-        if not verdict.correct:
-            raise ItemError(f"the reference answer fails its own scorer ({verdict.detail})")
-    if item.wrong is not None and item.answer.scorer != "agreement":
-        if score(item, item.wrong).correct:
-            raise ItemError("the 'wrong' answer is scored correct")
+    try:
+        if item.reference is not None and item.answer.scorer != "agreement":
+            verdict = score(item, item.reference, strict=True)
+            if not verdict.correct:
+                raise ItemError(f"the reference answer fails its own scorer ({verdict.detail})")
+        if item.wrong is not None and item.answer.scorer != "agreement":
+            if score(item, item.wrong, strict=True).correct:
+                raise ItemError("the 'wrong' answer is scored correct")
+    except patterns.PatternTimeout as exc:
+        raise ItemError(f"{exc}: a probe's patterns must answer quickly") from None
 
 
 def parse_jsonl(data: bytes | str, *, max_items: int = 5000) -> ProbeSetParse:
@@ -361,6 +362,10 @@ def parse_jsonl(data: bytes | str, *, max_items: int = 5000) -> ProbeSetParse:
         except json.JSONDecodeError as exc:
             result.errors.append(LineError(number, f"bad JSON: {exc.msg} at column {exc.colno}"))
             continue
+        bad_text = _unstorable_text(raw)
+        if bad_text:
+            result.errors.append(LineError(number, bad_text))
+            continue
         try:
             item = item_from_dict(raw)
         except ItemError as exc:
@@ -376,6 +381,28 @@ def parse_jsonl(data: bytes | str, *, max_items: int = 5000) -> ProbeSetParse:
     if count == 0 and not result.errors:
         result.errors.append(LineError(1, "no items"))
     return result
+
+
+def _unstorable_text(value: Any) -> str | None:
+    """Why a parsed line holds text no database stores, or None: a NUL character (PostgreSQL
+    refuses it in text and JSON) or a lone surrogate (not UTF-8: both databases refuse it).
+    Each was a 500 at upload (issue 38)."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, str):
+            if "\x00" in node:
+                return "a NUL character (\\u0000) in a text: not allowed"
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                return "a lone surrogate (\\ud800-\\udfff without its pair) in a text: not UTF-8"
+    return None
 
 
 def to_jsonl(items: list[ProbeItem]) -> str:

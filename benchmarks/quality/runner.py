@@ -18,6 +18,7 @@ import httpx
 from benchmarks.quality.compare import ItemResult
 from benchmarks.quality.items import ProbeItem
 from benchmarks.quality.scorers import score
+from hosts.transport.tls import system_trust
 
 ERROR_CHARS = 300
 
@@ -115,7 +116,12 @@ async def run_probe(
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
     async with httpx.AsyncClient(
-        base_url=base, headers=headers, timeout=timeout_s, limits=limits, transport=transport
+        base_url=base,
+        headers=headers,
+        timeout=timeout_s,
+        limits=limits,
+        transport=transport,
+        verify=system_trust(),
     ) as client:
 
         async def one(item: ProbeItem) -> ItemResult | None:

@@ -14,7 +14,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.quality.items import CHOICE_LETTERS, REGEX_FLAGS, ProbeItem
+from benchmarks.quality import patterns, schemas
+from benchmarks.quality.items import CHOICE_LETTERS, ProbeItem
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,9 @@ def _exact(item: ProbeItem, answer: str) -> ItemScore:
 def _regex(item: ProbeItem, answer: str) -> ItemScore:
     flags = 0
     for letter in item.answer.flags:
-        flags |= REGEX_FLAGS[letter]
+        flags |= patterns.FLAGS[letter]
     text = unicodedata.normalize("NFC", answer or "").strip()
-    if re.fullmatch(item.answer.pattern, text, flags):
+    if patterns.fullmatch(item.answer.pattern, text, flags):
         return ItemScore(True, detail="pattern matches")
     return ItemScore(False, detail="pattern does not match the whole answer")
 
@@ -183,18 +184,13 @@ def _same(expected: Any, got: Any) -> bool:
 
 
 def _json(item: ProbeItem, answer: str) -> ItemScore:
-    from jsonschema import Draft202012Validator
-
     found, value = extract_json(answer)
     if not found:
         return ItemScore(False, json_valid=False, schema_ok=False, detail="no JSON in the answer")
-    schema = item.answer.schema or {}
-    error = next(iter(Draft202012Validator(schema).iter_errors(value)), None)
-    if error is not None:
-        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-        return ItemScore(
-            False, json_valid=True, schema_ok=False, detail=f"schema: {where}: {error.message}"
-        )
+    where, message = schemas.first_error(item.answer.schema or {}, value)
+    if message is not None:
+        detail = f"schema: {where}: {message}" if where else f"schema: {message}"
+        return ItemScore(False, json_valid=True, schema_ok=False, detail=detail)
     if not isinstance(value, dict) and item.answer.fields:
         return ItemScore(False, json_valid=True, schema_ok=True, detail="not an object")
     for name, expected in (item.answer.fields or {}).items():
@@ -216,8 +212,21 @@ def _agreement(answer: str, baseline_answer: str | None) -> ItemScore:
     return ItemScore(False, detail="differs from the baseline")
 
 
-def score(item: ProbeItem, answer_text: str, baseline_answer: str | None = None) -> ItemScore:
-    """Score one answer against the item's key (``baseline_answer`` for agreement items)."""
+def score(
+    item: ProbeItem, answer_text: str, baseline_answer: str | None = None, *, strict=False
+) -> ItemScore:
+    """Score one answer against the item's key (``baseline_answer`` for agreement items). A
+    pattern of the item's that runs past its time bound (benchmarks.quality.patterns) scores
+    the answer wrong, saying so; ``strict`` (the upload's own checks) raises PatternTimeout."""
+    try:
+        return _score(item, answer_text, baseline_answer)
+    except patterns.PatternTimeout as exc:
+        if strict:
+            raise
+        return ItemScore(False, detail=f"not scored: {exc}")
+
+
+def _score(item: ProbeItem, answer_text: str, baseline_answer: str | None) -> ItemScore:
     scorer = item.answer.scorer
     answer_text = answer_text or ""
     if scorer == "exact":

@@ -8,6 +8,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from benchmarks import records as request_records
+from benchmarks.evidence import usable_as_evidence
 from benchmarks.loadgen import __version__ as LOADGEN_VERSION
 from benchmarks.loadgen.profile import build_spec
 from benchmarks.loadgen.spec import SpecError
@@ -47,6 +48,7 @@ def export_document(run: BenchmarkRun) -> dict:
         "cancelled": run.status == OperationStatus.CANCELLED,
         "stopped_early": run.stopped_early or None,
         "notes": list(run.notes or []),
+        "client_health": run.client_health or None,
         "spec": spec,
         "panel": _panel(run),
     }
@@ -128,6 +130,7 @@ def _panel(run: BenchmarkRun) -> dict:
         "distributions": run.distributions or {},
         "shards": run.shards,
         "shard_health": shard_health(run) if run.shards > 1 else [],
+        "client_limited": usable_as_evidence(run).to_dict(),
         "environment": {k: v for k, v in (run.environment or {}).items() if k != "spec"},
     }
 

@@ -30,6 +30,7 @@ LIST_FIELDS = (
     "completed",
     "failed",
     "goodput_rps",
+    "client_health",  # benchmarks.evidence judges it per row
     *(metric.key for metric in HISTORY),
     "deployment__name",
     "deployment__host__name",

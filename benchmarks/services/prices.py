@@ -5,6 +5,7 @@ useful work). The arithmetic lives in ``benchmarks.cost``; this module fetches a
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
@@ -14,7 +15,8 @@ from django.db.models import Count
 
 from benchmarks import cost
 from benchmarks.choices import Pricing
-from benchmarks.models import GPU_SEPARATOR, RUN_DOCUMENTS, BenchmarkRun, Price
+from benchmarks.evidence import usable_as_evidence
+from benchmarks.models import GPU_SEPARATOR, RUN_DOCUMENTS, BenchmarkRun, LoadProfile, Price
 from controlpanel.choices import OperationStatus
 from controlpanel.services import audit, snapshot
 from hosts.credentials import SECRET_FIELDS
@@ -260,6 +262,10 @@ class CostReport:
     default_selection: bool = False
     scatter: dict | None = None
     bars: dict | None = None
+    # The one load profile whose runs are ranked ("chat v3"), its pk, and why it is the one.
+    profile: str | None = None
+    profile_pk: int | None = None
+    profile_note: str = ""
 
     @property
     def cheapest(self) -> dict | None:
@@ -271,6 +277,15 @@ class CostReport:
     def left_out(self) -> list[dict]:
         """Rows priced in another currency than the panel's: shown, never ranked."""
         return [row for row in self.rows if row["currency"] != self.currency]
+
+    @property
+    def other_profiles(self) -> list[tuple[str, int]]:
+        """(profile, runs) of the rows left out of the ranking for their profile."""
+        counts: dict[str, set] = {}
+        for row in self.rows:
+            if self.ranking and row["key"] in self.ranking.other_profile:
+                counts.setdefault(row["option"].profile or "no profile", set()).add(row["run"].pk)
+        return sorted(((name, len(pks)) for name, pks in counts.items()), key=lambda p: -p[1])
 
     @property
     def pricing_label(self) -> str:
@@ -301,9 +316,10 @@ COST_DEFERRED = (
 )
 
 
-def selected_runs(pks=None):
-    """The runs to price: ``pks`` (any with results), else the latest succeeded ones; one
-    query (two for the latest), with everything the table shows."""
+def selected_runs(pks=None, profile=None):
+    """The runs to price: ``pks`` (any with results), else the latest succeeded ones (of
+    the ``profile`` pk when given); one query (two for the latest), with everything the
+    table shows."""
     runs = (
         BenchmarkRun.objects.select_related("deployment__host", "engine_config", "load_profile")
         .defer(*COST_DEFERRED)
@@ -313,8 +329,42 @@ def selected_runs(pks=None):
         return list(runs.filter(pk__in=list(pks)))
     # The newest succeeded runs' ids first: sorting the whole history on the narrow columns
     # is cheap; sorting it with each run's row (its JSON past the sort key) is not.
-    newest = runs.filter(status=OperationStatus.SUCCEEDED).values_list("pk", flat=True)
+    newest = runs.filter(status=OperationStatus.SUCCEEDED)
+    if profile is not None:
+        newest = newest.filter(load_profile_id=profile)
+    newest = newest.values_list("pk", flat=True)
     return list(runs.filter(pk__in=list(newest[:DEFAULT_RUN_COUNT])))
+
+
+NO_PROFILE = "no profile"
+
+
+def profile_label(run) -> str:
+    """The profile a run's option is grouped by: its load profile version ("chat v3")."""
+    return str(run.load_profile) if run.load_profile_id else NO_PROFILE
+
+
+def ranked_profile(runs, profile=None) -> tuple[str | None, int | None, str]:
+    """(label, pk, why) of the one profile whose runs the page ranks: ``profile`` (a
+    LoadProfile pk) when chosen, else the profile of most of ``runs`` (newest first), the
+    newest run's deciding a tie."""
+    if profile is not None:
+        found = next((run for run in runs if run.load_profile_id == profile), None)
+        if found is not None:
+            return profile_label(found), profile, "chosen"
+        chosen = LoadProfile.objects.filter(pk=profile).first()
+        return (str(chosen) if chosen else NO_PROFILE), profile, "chosen (no selected run has it)"
+    if not runs:
+        return None, None, ""
+    counts = Counter(profile_label(run) for run in runs)
+    label = max(counts, key=lambda name: counts[name])  # first (newest) among equals
+    pk = next(run.load_profile_id for run in runs if profile_label(run) == label)
+    why = (
+        "the only profile of the selected runs"
+        if len(counts) == 1
+        else f"the profile of most of the selected runs ({counts[label]} of {len(runs)})"
+    )
+    return label, pk, why
 
 
 def cost_report(
@@ -328,6 +378,7 @@ def cost_report(
     price_as: str = "host",
     prices=None,
     focus=None,
+    profile=None,
 ) -> CostReport:
     """Price every run in ``runs`` (pks; default the latest succeeded runs) and rank the
     options in the panel's currency that meet ``slo`` by ``metric``, working the formulas out
@@ -338,7 +389,10 @@ def cost_report(
     price; "matching" adds every listed price under ``pricing`` whose instance type has the
     GPUs the run used (``same_gpus``); "chosen" prices each run at each of ``prices`` (Price
     pks) as they are. The throughput measured on one machine stands for the other: only
-    fair for the same GPUs, which the page says where they differ."""
+    fair for the same GPUs, which the page says where they differ.
+
+    Only runs of one load profile are ranked (``ranked_profile``: ``profile``, a
+    LoadProfile pk, else the one most of the runs used): the others are listed, not ranked."""
     if price_as not in PRICE_AS:
         raise ValueError(f"unknown price_as {price_as!r}: one of {', '.join(PRICE_AS)}")
     slo = slo or cost.Slo()
@@ -352,7 +406,8 @@ def cost_report(
         price_as=price_as,
         default_selection=not runs,
     )
-    chosen_runs = selected_runs(runs)
+    chosen_runs = selected_runs(runs, profile)
+    report.profile, report.profile_pk, report.profile_note = ranked_profile(chosen_runs, profile)
     host_gpus = dict(
         Gpu.objects.filter(host__in={run.deployment.host_id for run in chosen_runs})
         .values_list("host")
@@ -362,7 +417,9 @@ def cost_report(
     for run, choice in _pairs(chosen_runs, pricing, price_as, prices):
         report.rows.append(_row(report, run, choice, host_gpus))
     options = [row["option"] for row in report.rows]
-    report.ranking = cost.rank(options, slo, currency=report.currency, metric=metric)
+    report.ranking = cost.rank(
+        options, slo, currency=report.currency, metric=metric, profile=report.profile
+    )
     _mark_ranking(report)
     report.focus = _focus(report.rows, focus)
     report.scatter = _scatter(report)
@@ -388,7 +445,14 @@ def _row(report: CostReport, run, choice: PriceChoice, host_gpus: dict) -> dict:
     return {
         "key": key,
         "run": run,
-        "option": cost.Option(key, run_cost, run.ttft_p95_ms, label),
+        "option": cost.Option(
+            key,
+            run_cost,
+            run.ttft_p95_ms,
+            label,
+            refused=usable_as_evidence(run).refusal,
+            profile=profile_label(run),
+        ),
         "cost": run_cost,
         "price": share.charged,
         "price_key": choice.key,
@@ -498,14 +562,20 @@ SCATTER_GROUPS = (
 SLO_COLOUR = "#dc2626"
 
 
+def _charted(report: CostReport) -> list[dict]:
+    """The rows the charts draw: the ranked profile's, in the panel's currency."""
+    other = report.ranking.other_profile if report.ranking else {}
+    return [
+        row for row in report.rows if row["currency"] == report.currency and row["key"] not in other
+    ]
+
+
 def _scatter(report: CostReport) -> dict | None:
     """Cost per 1M output tokens against p95 TTFT, the SLO as a vertical line."""
     points = [
         row
-        for row in report.rows
-        if row["currency"] == report.currency
-        and row["cost"].per_million_output is not None
-        and row["run"].ttft_p95_ms is not None
+        for row in _charted(report)
+        if row["cost"].per_million_output is not None and row["run"].ttft_p95_ms is not None
     ]
     if not points:
         return None
@@ -581,11 +651,7 @@ def _slo_line(ttft_p95_ms: float) -> dict:
 
 def _bars(report: CostReport) -> dict | None:
     """Cost per successful request of each run in the panel's currency, cheapest first."""
-    rows = [
-        row
-        for row in report.rows
-        if row["currency"] == report.currency and row["cost"].per_request is not None
-    ]
+    rows = [row for row in _charted(report) if row["cost"].per_request is not None]
     if not rows:
         return None
     rows.sort(key=lambda row: row["cost"].per_request)

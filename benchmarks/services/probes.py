@@ -26,6 +26,10 @@ from benchmarks.quality import (
     run_probe_sync,
     to_jsonl,
 )
+
+# The one quality verdict (its words on every page, the API and the CLI), re-exported for the
+# change's stages and pages.
+from benchmarks.quality.compare import MIN_ITEMS_FOR_A_VERDICT, quality_verdict  # noqa: F401
 from benchmarks.quality.knowledge import knowledge_lines
 from controlpanel.choices import OperationStatus
 from controlpanel.jobs import enqueue_on_commit
@@ -451,7 +455,9 @@ def item_results(run: ProbeRun) -> list[ItemResult]:
 
 def compare_runs(baseline: ProbeRun, candidate: ProbeRun, *, max_loss: float = 0.01) -> dict:
     """The candidate against the baseline, item by item (``benchmarks.quality.compare``);
-    refused unless both asked the same set version. Labelled simulated when either was."""
+    refused unless both asked the same set version. Labelled simulated when either was.
+    Its ``verdict``/``reason``/``text`` are ``quality_verdict``'s, the words every page and
+    the API say (and the CLI); each group keeps its own statistical verdict for the table."""
     if baseline.probe_set_id != candidate.probe_set_id:
         raise ProbeRefused(
             f"Probe #{baseline.pk} asked {baseline.probe_set}, #{candidate.pk} asked "
@@ -463,52 +469,6 @@ def compare_runs(baseline: ProbeRun, candidate: ProbeRun, *, max_loss: float = 0
     data["simulated"] = baseline.simulated or candidate.simulated
     data["baseline"], data["candidate"] = baseline.pk, candidate.pk
     return data
-
-
-# Fewer paired items than this overall and a comparison says nothing about a change.
-MIN_ITEMS_FOR_A_VERDICT = 30
-
-
-def change_verdict(result: dict) -> dict:
-    """What a change's quality stage concludes from a comparison, in words that say exactly
-    what was shown:
-
-    - "loss" when the whole set, a category or a language lost significantly and by more
-      than the threshold (the crossings, a dozen items each, only inform the table);
-    - "no loss" when the whole set's loss is shown to be within the threshold;
-    - "no significant loss" when none was significant but a loss up to the interval's upper
-      bound cannot be ruled out (proving "within 1 pp" takes ~200 paired items with almost
-      no changed answers: an FP8 switch typically lands here);
-    - "cannot tell" with too few paired items (or most of them errors)."""
-    groups = result.get("groups") or []
-    overall = next((g for g in groups if g["key"] == "overall"), None)
-    if overall is None or overall["n"] < MIN_ITEMS_FOR_A_VERDICT:
-        n = overall["n"] if overall else 0
-        return {
-            "verdict": "cannot tell",
-            "reason": f"{n} paired items; at least {MIN_ITEMS_FOR_A_VERDICT} are needed",
-        }
-    lost = [
-        g for g in groups if g["verdict"] == "loss" and (g["key"] == "overall" or ":" in g["key"])
-    ]
-    if lost:
-        parts = [
-            f"{g['key'].split(':')[-1]} {g['baseline_accuracy']:.0%} → "
-            f"{g['candidate_accuracy']:.0%} (p={g['mcnemar_p']:.3f})"
-            for g in lost
-        ]
-        return {"verdict": "loss", "reason": "; ".join(parts)}
-    if overall["verdict"] == "no loss":
-        return {"verdict": "no loss", "reason": overall["reason"]}
-    upper = overall["loss_ci"][1]
-    return {
-        "verdict": "no significant loss",
-        "reason": (
-            f"no group lost significantly ({overall['n']} items, {overall['only_baseline']} "
-            f"right only before, {overall['only_candidate']} only after); a loss up to "
-            f"{upper * 100:.1f} pp cannot be ruled out"
-        ),
-    }
 
 
 def comparison_table(result: dict) -> str:

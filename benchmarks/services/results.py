@@ -12,6 +12,7 @@ from django.db import transaction
 
 from benchmarks import records as request_records
 from benchmarks.cost import cost_per_million, gpu_share
+from benchmarks.evidence import health_from_document, usable_as_evidence
 from benchmarks.metrics import RECORDED
 from benchmarks.models import BenchmarkRun, RunPoint, RunRequestLog
 from benchmarks.services.prices import hourly_price_for
@@ -30,6 +31,7 @@ NOT_SUMMARY = {
     "stopped_on_errors",
     "failures",
     "panel",
+    "client_health",
 }
 
 
@@ -104,6 +106,7 @@ def _set_columns(run: BenchmarkRun, document: dict) -> None:
     run.server = clean(server)
     run.notes = list(document.get("notes") or [])
     run.stopped_early = (document.get("stopped_early") or "")[:300]
+    run.client_health = clean(health_from_document(document))
 
 
 def _replace_points(run: BenchmarkRun, timeline: list[dict]) -> None:
@@ -161,12 +164,17 @@ def error_threshold_problem(run: BenchmarkRun | None) -> str | None:
     """Why ``run`` must not be used for a verdict (as a baseline or a verification), or None
     when it may: the one rule for it. A run that did not succeed (failed, stopped because the
     engine failed, cancelled, still running), or whose error rate is above its limit (an
-    imported run, or one judged before this rule), measured no working engine."""
+    imported run, or one judged before this rule), measured no working engine; a client-limited
+    run (``benchmarks.evidence.usable_as_evidence``) measured its own load generator."""
     if run is None:
         return "there is no run"
     if run.status != OperationStatus.SUCCEEDED:
         why = f": {run.error}" if run.error else ""
         return f"{run.numbered_name} is {run.get_status_display().lower()}{why}"
+    refusal = usable_as_evidence(run).refusal
+    if refusal:
+        # Its numbers are the load generator's, not the engine's (benchmarks.evidence).
+        return f"{run.numbered_name} is {refusal}"
     return error_rate_problem(run)
 
 
@@ -247,7 +255,13 @@ def error_causes(run: BenchmarkRun) -> list[dict]:
     causes = (run.summary or {}).get("errors_by_cause") or []
     total = (run.completed or 0) + (run.failed or 0)
     return [
-        {**cause, "share": cause.get("count", 0) / total if total else None}
+        {
+            **cause,
+            "share": cause.get("count", 0) / total if total else None,
+            # The load generator's own failure (benchmarks.loadgen.client.CLIENT_ERROR): what
+            # the client saw, never what the engine answered.
+            "client_side": cause.get("error_class") == "client_error",
+        }
         for cause in causes
         if isinstance(cause, dict)
     ]

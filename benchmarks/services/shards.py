@@ -321,4 +321,5 @@ class Coordinator:
             failures=engine_state(measured, spec.base_url.rstrip("/") + spec.endpoint),
             records=[r.to_dict() for r in merged["records"]],
             notes=list(first.get("notes") or []),
+            client_health=merged.get("client_health"),
         )

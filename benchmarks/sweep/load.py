@@ -13,7 +13,7 @@ import copy
 from collections.abc import Mapping
 from dataclasses import replace
 
-from benchmarks.loadgen.profile import normalize
+from benchmarks.loadgen.profile import length_mean, normalize, prompt_tokens
 from benchmarks.loadgen.spec import SpecError
 from hosts.simulator.predict import Workload
 
@@ -27,12 +27,7 @@ MODES = ("rate", "concurrency")
 
 
 def _mean(dist: Mapping) -> int:
-    if dist.get("kind") == "empirical" and dist.get("values"):
-        values = dist["values"]
-        return max(1, round(sum(values) / len(values)))
-    if dist.get("kind") == "uniform" and dist.get("low") is not None:
-        return max(1, round((dist["low"] + dist.get("high", dist["low"])) / 2))
-    return max(1, round(float(dist.get("mean") or 1)))
+    return max(1, round(length_mean(dict(dist))))
 
 
 def _jitter(dist: Mapping) -> float:
@@ -47,6 +42,9 @@ def _jitter(dist: Mapping) -> float:
 def workloads(profile: Mapping) -> list[tuple[str, Workload]]:
     """One simulator workload per stage of a load profile (replays use their mean sizes)."""
     doc = normalize(dict(profile))
+    # The whole prompt a request sends and its shared part: the profile's prefix comes on
+    # top of its input length (vLLM's --random-prefix-len), as the load generator sends it.
+    prompt, shared = prompt_tokens(doc)
     replay = doc.get("replay")
     if replay:
         rows = replay.get("rows") or []
@@ -79,14 +77,17 @@ def workloads(profile: Mapping) -> list[tuple[str, Workload]]:
                 stage["name"],
                 Workload(
                     num_requests=count,
-                    input_tokens=_mean(input_dist),
+                    input_tokens=max(1, round(prompt)),
                     output_tokens=_mean(output_dist),
-                    input_jitter=_jitter(input_dist),
+                    # The spread is the own part's; the shared prefix has none.
+                    input_jitter=_jitter(input_dist) * _mean(input_dist) / max(1, round(prompt)),
                     output_jitter=_jitter(output_dist),
                     concurrency=None if rate else int(concurrency or 1),
                     request_rate=float(rate) if rate else None,
                     burstiness=float(stage.get("burstiness") or 1.0),
-                    shared_prefix_tokens=int(doc.get("prefix_len") or 0),
+                    # The simulator gives every request the shared part: the mean per
+                    # request keeps the profile's share of prompt tokens that is shared.
+                    shared_prefix_tokens=round(shared),
                     num_prefixes=int(doc.get("prefix_groups") or 1),
                     seed=int(doc.get("seed") or 0),
                 ),

@@ -10,7 +10,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.text import slugify
 
 from benchmarks.forms.profiles import ImportForm, ProfileForm, TrafficForm, document_json
-from benchmarks.loadgen.profile import describe, length_text, normalize, plan
+from benchmarks.loadgen.profile import describe, length_text, normalize, plan, prompt_tokens
 from benchmarks.loadgen.spec import SpecError
 from benchmarks.models import LoadProfile
 from benchmarks.services import profiles as services
@@ -60,6 +60,7 @@ def profile_detail(request, pk):
     profile = get_object_or_404(LoadProfile.objects.select_related("created_by"), pk=pk)
     spec = normalize(profile.spec)
     requests, seconds = plan(spec)
+    sent = prompt_tokens(spec)
     context = {
         "profile": profile,
         "spec": spec,
@@ -69,6 +70,8 @@ def profile_detail(request, pk):
             ("Output", length_text(spec["output_len"])),
         ],
         "replay_rows": len(spec["replay"]["rows"]) if spec["replay"] else None,
+        "sent_tokens": sent[0],
+        "sent_shared": sent[1],
         "planned_requests": requests,
         "planned_seconds": seconds,
         "newest": services.newest_version(profile),

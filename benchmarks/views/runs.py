@@ -13,6 +13,7 @@ from django.utils.functional import SimpleLazyObject
 from django.utils.html import json_script
 from django.views.decorators.http import require_POST
 
+from benchmarks.evidence import usable_as_evidence
 from benchmarks.forms.runs import RunForm
 from benchmarks.models import RUN_DOCUMENTS, BenchmarkRun, LoadProfile, RunRequestLog
 from benchmarks.services import runs as services
@@ -158,6 +159,7 @@ BODY_KEYS = (
     "latency_columns",
     "has_log",
     "shards",
+    "evidence",
 )
 
 
@@ -187,4 +189,5 @@ def _context(run: BenchmarkRun) -> dict:
         # exists(), not run.request_log: that would read the whole blob.
         "has_log": RunRequestLog.objects.filter(run=run).exists(),
         "shards": shard_health(run) if run.shards > 1 else [],
+        "evidence": usable_as_evidence(run),
     }

@@ -166,5 +166,8 @@ class Snapshot:
     engine: EngineWindow | None = None  # live; None when the engine could not be scraped
     host: HostFacts | None = None
     runs: tuple[RunFacts, ...] = ()  # newest first
+    # Runs left out of ``runs`` because their numbers are the load generator's, not the
+    # engine's (``benchmarks.evidence``): (run id, the refusal in words), newest first.
+    refused_runs: tuple[tuple[int, str], ...] = ()
     traffic: LengthFacts | None = None  # from a traffic sample, when one exists
     telemetry_seconds: float | None = None  # the window the GPU facts cover

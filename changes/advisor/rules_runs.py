@@ -247,3 +247,33 @@ def _traffic_values(traffic: LengthFacts) -> list[tuple[str, float]]:
     if traffic.shared_prefix_share is not None:
         out.append(("shared-prefix share", traffic.shared_prefix_share))
     return out
+
+
+# --- client-limited-run ------------------------------------------------------------------------
+@rule("client-limited-run")
+def client_limited_run(s: Snapshot) -> Iterator[Finding]:
+    """The runs the other rules did not read, and why: a run whose numbers are the load
+    generator's (``benchmarks.evidence``) is left out of ``runs``, never silently."""
+    if not s.refused_runs:
+        return
+    newest, why = s.refused_runs[0]
+    more = len(s.refused_runs) - 1
+    yield Finding(
+        rule="client-limited-run",
+        severity=INFO,
+        title=f"Run {newest} not used as evidence" + (f" (and {more} more)" if more else ""),
+        seen="; ".join(f"Run {run_id} is {text}" for run_id, text in s.refused_runs) + ".",
+        why=(
+            "A starved load generator measures itself: late reads coalesce chunks (ITL 0 ms), "
+            "its own delay lands in TTFT, its own read errors count as failures. The advisor "
+            "judges the engine only from runs whose client kept up."
+        ),
+        evidence={"runs": [run_id for run_id, _ in s.refused_runs]},
+        source=f"run {newest}",
+        suggestion=Suggestion(
+            action=(
+                "Run the profile again on a quieter machine, or spread its load over several "
+                "load generators (shards on workers of the loadgen queue)."
+            )
+        ),
+    )

@@ -19,6 +19,7 @@ from changes import rules
 from changes.choices import LOCK_STATES, ChangeState
 from changes.models import ChangeRequest
 from changes.rules import ChangeRefused
+from changes.services import review
 from changes.services.timeline import locked, record, transition
 from controlpanel import timelimits
 from controlpanel.jobs import enqueue_on_commit
@@ -67,6 +68,12 @@ def apply_change(actor, change: ChangeRequest) -> ChangeRequest:
     (row lock + partial unique index), only in its maintenance window, never on a stale base,
     never while anything else uses the engine (``hosts.services.occupancy``: an operation, a
     benchmark, another change)."""
+    with transaction.atomic():
+        change = locked(change)
+        rules.require("apply", actor, change)
+        short = review.recount_approvals(actor, change)
+    if short and change.state != S.APPROVED:
+        raise ChangeRefused(f"Not applied: {short}. It is back in review.")
     try:
         with transaction.atomic():
             Deployment.objects.select_for_update(of=("self",)).get(pk=change.deployment_id)

@@ -13,10 +13,13 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 
+from django.conf import settings as conf
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from changes.advisor import engine as advisor
 from changes.advisor.facts import Snapshot
@@ -37,6 +40,10 @@ FLEET_GROUP = "advisor-fleet"
 # make the page say "never evaluated".
 STATUS_TTL_S = 3600
 DISMISS_REASON_CHARS = 500
+# Findings older than this many advisor intervals are stale even without a failure (the beat
+# or the worker is not running); with the periodic advisor off, older than this many seconds.
+STALE_INTERVALS = 3
+STALE_WHEN_OFF_S = 600.0
 
 
 class DismissRefused(ValueError):
@@ -82,11 +89,21 @@ def last_evaluations(pks) -> dict[int, dict]:
 def refresh(deployment: Deployment, *, live: bool = True, scraped=None) -> Evaluation:
     """Evaluate every rule on ``deployment`` now and bring its findings up to date: a new
     problem opens a finding, one still seen is refreshed (last seen, evidence, numbers), one
-    no longer seen is cleared. A dismissed finding stays dismissed while it is seen."""
+    no longer seen is cleared. A dismissed finding stays dismissed while it is seen.
+
+    A pass that raises is recorded on the status line (since when it fails, and the
+    exception's class) before the exception goes on, so the pages and the API can say
+    that the findings they show are stale and why (``freshness``)."""
     started = time.monotonic()
-    gathered = gather(deployment, live=live, scraped=scraped)
-    found = advisor.evaluate(gathered.snapshot)
-    opened, updated, cleared = _upsert(deployment, found)
+    try:
+        gathered = gather(deployment, live=live, scraped=scraped)
+        found = advisor.evaluate(gathered.snapshot)
+        opened, updated, cleared = _upsert(deployment, found)
+    except Exception as exc:
+        if _record_failure(deployment.pk, exc):
+            _announce_freshness(deployment)
+        raise
+    was_failing = bool((cache.get(_status_key(deployment.pk)) or {}).get("failed_since"))
     cache.set(
         _status_key(deployment.pk),
         {
@@ -101,7 +118,117 @@ def refresh(deployment: Deployment, *, live: bool = True, scraped=None) -> Evalu
     evaluation = Evaluation(gathered, found, opened, updated, cleared)
     if evaluation.changed:
         _announce(deployment, evaluation)
+    elif was_failing:
+        _announce_freshness(deployment)  # the pages drop their "stale" line
     return evaluation
+
+
+def _record_failure(deployment_pk: int, exc: Exception) -> bool:
+    """Keep the last good evaluation's fields and add when the failures began, the latest
+    one, and the exception's class (not its message: a status line is shown to every
+    reader and an exception's text may carry a URL with credentials). True when this is
+    the first failure since a good pass."""
+    status = dict(cache.get(_status_key(deployment_pk)) or {})
+    now = timezone.now().isoformat()
+    first = "failed_since" not in status
+    status.setdefault("failed_since", now)
+    status.update(failed_at=now, error_class=type(exc).__name__)
+    cache.set(_status_key(deployment_pk), status, STATUS_TTL_S)
+    return first
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """How current a deployment's findings are: ``stale`` with how old (``as_of``, the last
+    good evaluation, or the newest finding's last sighting when none is known) and why."""
+
+    stale: bool
+    as_of: datetime | None
+    age_s: float | None
+    reason: str
+    failed_since: datetime | None = None
+    error_class: str = ""
+
+    @property
+    def text(self) -> str:
+        """ "as of 14:02 (12 min ago): the advisor failed since 14:03: TypeError"."""
+        if self.as_of is None:
+            when = "as of an unknown time"
+        else:
+            when = f"as of {_clock(self.as_of)} ({_ago(self.age_s)})"
+        return f"{when}: {self.reason}" if self.reason else when
+
+    def as_dict(self) -> dict:
+        return {
+            "stale": self.stale,
+            "as_of": self.as_of,
+            "age_s": None if self.age_s is None else round(self.age_s),
+            "reason": self.reason,
+            "failed_since": self.failed_since,
+            "error_class": self.error_class,
+            "text": self.text,
+        }
+
+
+def _clock(moment: datetime) -> str:
+    local = timezone.localtime(moment)
+    same_day = local.date() == timezone.localtime().date()
+    return local.strftime("%H:%M" if same_day else "%Y-%m-%d %H:%M")
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "age unknown"
+    if seconds < 90:
+        return f"{max(0, round(seconds))} s ago"
+    if seconds < 5400:
+        return f"{round(seconds / 60)} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def stale_after_s() -> float:
+    """Age at which findings are stale though nothing failed: ``STALE_INTERVALS`` beats of
+    the periodic advisor (a missed beat is normal, three are not), or ``STALE_WHEN_OFF_S``
+    when it is off and only runs on request."""
+    interval = float(getattr(conf, "ADVISOR_INTERVAL_SECONDS", 60.0) or 0)
+    return STALE_INTERVALS * interval if interval > 0 else STALE_WHEN_OFF_S
+
+
+def freshness(status: dict | None, *, newest_seen=None, now=None) -> Freshness:
+    """How current the findings of a deployment are, from its status line
+    (``last_evaluation``) and, when there is none, the newest ``last_seen_at`` of its
+    findings. Stale when the advisor failed since its last good pass, when that pass is
+    older than ``stale_after_s()``, or when nothing says when it ran but findings exist."""
+    now = now or timezone.now()
+    status = status or {}
+    evaluated = parse_datetime(status.get("evaluated_at") or "")
+    as_of = evaluated or newest_seen
+    age = (now - as_of).total_seconds() if as_of is not None else None
+    failed_since = parse_datetime(status.get("failed_since") or "")
+    if failed_since is not None:
+        error = status.get("error_class") or "an error"
+        return Freshness(
+            True,
+            as_of,
+            age,
+            f"the advisor failed since {_clock(failed_since)}: {error}",
+            failed_since,
+            error,
+        )
+    if evaluated is None:
+        if newest_seen is None:
+            return Freshness(False, None, None, "")
+        return Freshness(True, as_of, age, "the advisor has not evaluated it since")
+    if age is not None and age > stale_after_s():
+        interval = float(getattr(conf, "ADVISOR_INTERVAL_SECONDS", 60.0) or 0)
+        why = (
+            f"the advisor has not run since (every {interval:g} s while the worker and its "
+            "beat are up)"
+            if interval > 0
+            else "the periodic advisor is off (ADVISOR_INTERVAL_SECONDS=0): it runs on request"
+        )
+        return Freshness(True, as_of, age, why)
+    return Freshness(False, as_of, age, "")
 
 
 def _fields(found: Found) -> dict:
@@ -181,6 +308,20 @@ def _announce(deployment: Deployment, evaluation: Evaluation) -> None:
         publish(FLEET_GROUP, EVENT, data)
 
     transaction.on_commit(send)
+
+
+def _announce_freshness(deployment: Deployment) -> None:
+    """Tell the deployment's pages that its findings became stale, or fresh again: they
+    fetch the list again, and with it the line that says how current it is. Sent at once:
+    a failed pass may have rolled its transaction back."""
+    data = {
+        "deployment": deployment.pk,
+        "host": deployment.host_id,
+        "opened": [],
+        "cleared": [],
+        "freshness": True,
+    }
+    publish(group_name("deployment", deployment.pk), EVENT, data)
 
 
 def dismiss(actor, finding: Finding, reason: str) -> Finding:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import statistics
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from django.utils import timezone
 
 from benchmarks import records as request_records
 from benchmarks.choices import ProfileSource
+from benchmarks.evidence import usable_as_evidence
 from benchmarks.loadgen import scrape
 from benchmarks.loadgen.stats import percentile
 from benchmarks.models import BenchmarkRun, RunPoint, RunRequestLog
@@ -43,12 +45,13 @@ from changes.advisor.facts import (
 )
 from changes.services.facts import gpu_facts
 from controlpanel.choices import OperationStatus
-from hosts.engines import get_spec, sglang, vllm
+from hosts.engines import cpulist, get_spec, sglang, vllm
 from hosts.engines.catalog import GPUS, UnknownModel, resolve_model
 from hosts.engines.metrics import endpoints
 from hosts.models import Deployment, Gpu, GpuSample
 from hosts.simulator.config import StartupError, build_config
 from hosts.transport.nvidia_smi import THROTTLE_REASONS
+from hosts.transport.tls import system_trust
 
 # The newest runs a snapshot carries: enough to see a trend, few enough to read every minute.
 RUNS = 5
@@ -169,20 +172,19 @@ def config_facts(deployment: Deployment) -> ConfigFacts:
 
 
 def _cpu_list(value) -> tuple[int, ...] | None:
-    """``"0-3,8"`` or ``[0, 1]`` → ``(0, 1, 2, 3, 8)``; None when it cannot be read."""
+    """``"0-3,8"`` or ``[0, 1]`` → ``(0, 1, 2, 3, 8)``; None when it cannot be read or is
+    beyond a CPU list's limits (hosts.engines.cpulist: a host reports what it likes)."""
     if isinstance(value, list | tuple):
-        return tuple(int(v) for v in value)
-    out: list[int] = []
+        if len(value) > cpulist.MAX_CPU + 1:
+            return None
+        try:
+            return tuple(int(v) for v in value)
+        except (TypeError, ValueError):
+            return None
     try:
-        for part in str(value).split(","):
-            part = part.strip()
-            if not part:
-                continue
-            low, _, high = part.partition("-")
-            out.extend(range(int(low), int(high or low) + 1))
-    except ValueError:
+        return tuple(cpulist.parse(str(value))) if str(value).strip() else ()
+    except cpulist.CpuListError:
         return None
-    return tuple(out)
 
 
 # --- GPUs and host -------------------------------------------------------------------------
@@ -279,18 +281,24 @@ def scrape_engine(deployment: Deployment, seconds: float) -> tuple[EngineWindow 
     key = deployment.api_key()
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     samples: list[dict] = []
-    started = time.monotonic()
-    deadline = started + max(seconds, 0.0)
+    deadline = None
     try:
-        with httpx.Client(timeout=SCRAPE_REQUEST_TIMEOUT_S, headers=headers) as client:
+        with httpx.Client(
+            timeout=SCRAPE_REQUEST_TIMEOUT_S, headers=headers, verify=system_trust()
+        ) as client:
             while True:
                 response = client.get(url)
+                received, now = time.time(), time.monotonic()
                 response.raise_for_status()
                 snap = scrape.parse(response.text)
                 if snap.get("engine") is None:
                     return None, f"no vllm: or sglang: metrics at {url}"
-                snap["t"] = time.time()
+                # Stamped when the answer came, and the window counted from the first one:
+                # the first request's connect and each parse must not shorten the window.
+                snap["t"] = received
                 samples.append(snap)
+                if deadline is None:
+                    deadline = now + max(seconds, 0.0)
                 left = deadline - time.monotonic()
                 if left <= 0 or len(samples) > seconds + 1:
                     break
@@ -367,58 +375,71 @@ def _log_facts(blob: bytes, prefix_len: int) -> tuple[LengthFacts | None, dict]:
     """Lengths of the successful requests and failures by message, from a run's request log
     (its first ``LOG_ROWS`` requests)."""
     inputs, outputs, messages = [], [], Counter()
-    prefixed = 0
+    prefix_tokens = 0
     for n, row in enumerate(request_records.iter_rows(blob)):
         if n >= LOG_ROWS:
             break
         if row["error_class"] is not None:
             messages[row["error"] or row["error_class"]] += 1
             continue
-        inputs.append(row["prompt_tokens"] or row["input_len"] or 0)
+        sent = row["prompt_tokens"] or row["input_len"] or 0
+        inputs.append(sent)
         outputs.append(row["output_tokens"] or 0)
-        if row["prefix_id"] is not None:
-            prefixed += 1
-    prefix_tokens = prefixed * prefix_len if prefix_len else (0 if inputs else None)
-    return _lengths(inputs, outputs, prefix_tokens), dict(messages)
+        if row["prefix_id"] is not None and prefix_len:
+            # What this request carried of its prefix: all of it since the prefix comes on
+            # top of the input; under the former rule it was cut to the prompt.
+            prefix_tokens += min(prefix_len, sent)
+    return _lengths(inputs, outputs, prefix_tokens if inputs else None), dict(messages)
 
 
 # Per process, by run id: what a finished run's request log and points yield (both final).
+# Shared by the process's threads (the advisor's passes, pages, API requests): read and
+# changed under the lock, never across a query; each caller answers from its own copy, so
+# another thread clearing a full cache meanwhile costs a re-read, not a KeyError.
 _log_cache: dict[int, tuple[LengthFacts | None, dict]] = {}
 _gauge_cache: dict[int, dict] = {}
+_cache_lock = threading.Lock()
 
 
 def clear_caches() -> None:
     """Forget what was read of runs (tests; a run re-imported under the same id)."""
-    _log_cache.clear()
-    _gauge_cache.clear()
+    with _cache_lock:
+        _log_cache.clear()
+        _gauge_cache.clear()
 
 
 def _run_logs(runs: list[BenchmarkRun]) -> dict[int, tuple[LengthFacts | None, dict]]:
     """Lengths and failures by message of each run that has a request log: one query for
     the logs of runs not read before, none otherwise."""
-    missing = [r for r in runs if r.pk not in _log_cache]
+    with _cache_lock:
+        found = {r.pk: _log_cache[r.pk] for r in runs if r.pk in _log_cache}
+    missing = [r for r in runs if r.pk not in found]
     if missing:
-        if len(_log_cache) > RUN_CACHE:
-            _log_cache.clear()
         prefix = {
             r.pk: int(
                 ((r.load_profile.spec if r.load_profile else None) or {}).get("prefix_len") or 0
             )
             for r in missing
         }
+        read: dict[int, tuple[LengthFacts | None, dict]] = {pk: (None, {}) for pk in prefix}
         for run_id, blob in RunRequestLog.objects.filter(run_id__in=list(prefix)).values_list(
             "run_id", "data"
         ):
-            _log_cache[run_id] = _log_facts(bytes(blob), prefix[run_id])
-        for pk in prefix:
-            _log_cache.setdefault(pk, (None, {}))
-    return {r.pk: _log_cache[r.pk] for r in runs}
+            read[run_id] = _log_facts(bytes(blob), prefix[run_id])
+        with _cache_lock:
+            if len(_log_cache) > RUN_CACHE:
+                _log_cache.clear()
+            _log_cache.update(read)
+        found.update(read)
+    return {r.pk: found[r.pk] for r in runs}
 
 
 def _run_gauges(run_pks: list[int]) -> dict[int, dict]:
     """Mean/max of the server's waiting, running and KV-cache gauges over each run's points:
     one query for the runs not seen before, then kept (a finished run's points are final)."""
-    missing = [pk for pk in run_pks if pk not in _gauge_cache]
+    with _cache_lock:
+        known = {pk: _gauge_cache[pk] for pk in run_pks if pk in _gauge_cache}
+    missing = [pk for pk in run_pks if pk not in known]
     if missing:
         found: dict[int, list[dict]] = {pk: [] for pk in missing}
         for run_id, data in RunPoint.objects.filter(run_id__in=missing).values_list(
@@ -431,13 +452,16 @@ def _run_gauges(run_pks: list[int]) -> dict[int, dict]:
                     "kv_cache_usage": data.get("kv_cache_usage"),
                 }
             )
-        if len(_gauge_cache) > RUN_CACHE:
-            _gauge_cache.clear()
-        for pk, points in found.items():
-            _gauge_cache[pk] = {
-                key: _gauge(points, key) for key in ("running", "waiting", "kv_cache_usage")
-            }
-    return {pk: _gauge_cache[pk] for pk in run_pks}
+        read = {
+            pk: {key: _gauge(points, key) for key in ("running", "waiting", "kv_cache_usage")}
+            for pk, points in found.items()
+        }
+        with _cache_lock:
+            if len(_gauge_cache) > RUN_CACHE:
+                _gauge_cache.clear()
+            _gauge_cache.update(read)
+        known.update(read)
+    return {pk: known[pk] for pk in run_pks}
 
 
 def _stage(name: str, data: dict) -> StageFacts:
@@ -471,9 +495,13 @@ def _stage_load(profile_spec: dict) -> dict[str, dict]:
     }
 
 
-def run_facts(deployment: Deployment, limit: int = RUNS) -> tuple[RunFacts, ...]:
-    """The deployment's newest finished runs, newest first, in a fixed number of queries."""
-    runs = list(
+def run_facts(
+    deployment: Deployment, limit: int = RUNS
+) -> tuple[tuple[RunFacts, ...], tuple[tuple[int, str], ...]]:
+    """The deployment's newest finished runs, newest first, in a fixed number of queries, and
+    those among them refused as evidence (client-limited, ``benchmarks.evidence``) with why:
+    the rules never read a refused run's numbers."""
+    fetched = list(
         BenchmarkRun.objects.filter(
             deployment=deployment,
             status__in=(
@@ -485,8 +513,14 @@ def run_facts(deployment: Deployment, limit: int = RUNS) -> tuple[RunFacts, ...]
         .select_related("load_profile")
         .order_by("-finished_at", "-pk")[:limit]
     )
+    refused = tuple(
+        (run.pk, evidence.refusal)
+        for run in fetched
+        if (evidence := usable_as_evidence(run)).limited
+    )
+    runs = [run for run in fetched if run.pk not in dict(refused)]
     if not runs:
-        return ()
+        return (), refused
     logs = _run_logs(runs)
     gauges = _run_gauges([r.pk for r in runs])
     active = deployment.active_config_id
@@ -524,7 +558,7 @@ def run_facts(deployment: Deployment, limit: int = RUNS) -> tuple[RunFacts, ...]
                 faster_than=getattr(compare.faster_than(run, runs[i + 1 :]), "pk", None),
             )
         )
-    return tuple(out)
+    return tuple(out), refused
 
 
 def _server_window(run: BenchmarkRun, gauges: dict) -> EngineWindow | None:
@@ -581,27 +615,85 @@ def traffic_facts(deployment: Deployment) -> LengthFacts | None:
     if rows:
         inputs = [float(r[1]) for r in rows]
         outputs = [float(r[2]) for r in rows]
-        shared = sum(1 for r in rows if len(r) > 3 and r[3] is not None)
-        return _lengths(inputs, outputs, shared * prefix_len if prefix_len else 0)
-    inputs = _empirical(spec.get("input_len"))
-    outputs = _empirical(spec.get("output_len"))
-    share = float(spec.get("prefix_share") or 0) if prefix_len else 0.0
+        # A replay row is the whole prompt as recorded, its prefix within it.
+        shared = sum(min(prefix_len, float(r[1])) for r in rows if len(r) > 3 and r[3] is not None)
+        return _lengths(inputs, outputs, shared)
+    inputs = _length_weights(spec.get("input_len"))
+    outputs = _length_weights(spec.get("output_len"))
     if not inputs:
         return None
-    n = min(len(inputs), len(outputs)) if outputs else len(inputs)
-    facts = _lengths(inputs[:n], (outputs or [0.0] * n)[:n], None)
-    mean_input = statistics.fmean(inputs)
-    if facts is not None and mean_input:
-        facts = LengthFacts(
-            **{**facts.__dict__, "shared_prefix_share": min(1.0, share * prefix_len / mean_input)}
+    share = float(spec.get("prefix_share") or 0) if prefix_len else 0.0
+    if share and not spec.get("prefix_within_input"):
+        # The prompt as sent: the prefix on top of the own part, for ``share`` of requests.
+        inputs = _mixture(
+            [(n + prefix_len, w * share) for n, w in inputs]
+            + [(n, w * (1 - share)) for n, w in inputs]
         )
-    return facts
+    mean_input = sum(n * w for n, w in inputs)
+    return LengthFacts(
+        input_p50=_weighted_quantile(inputs, 0.50),
+        input_p99=_weighted_quantile(inputs, 0.99),
+        output_p50=_weighted_quantile(outputs, 0.50) if outputs else None,
+        output_p99=_weighted_quantile(outputs, 0.99) if outputs else None,
+        # The load generator draws a request's input and output lengths independently, so
+        # the total a fitted profile sends is distributed as the sum of two independent draws.
+        total_p99=_weighted_quantile(_sum_of(inputs, outputs or [(0.0, 1.0)]), 0.99),
+        shared_prefix_share=min(1.0, share * prefix_len / mean_input) if mean_input else None,
+    )
 
 
-def _empirical(dist) -> list[float]:
-    if isinstance(dist, dict) and dist.get("kind") == "empirical":
-        return [float(v) for v in dist.get("values") or []]
-    return []
+def _length_weights(dist) -> list[tuple[float, float]]:
+    """A length distribution of a profile document as (length, probability) pairs, sorted:
+    an empirical one's ``[[length, weight], …]`` (what ``traffic.fit`` writes) normalised,
+    clamped to its ``low``/``high`` as the load generator clamps; a fixed one as one point.
+    Other kinds give no pairs (no sample to read lengths from)."""
+    if not isinstance(dist, dict):
+        return []
+    kind = dist.get("kind", "fixed")
+    if kind == "fixed":
+        return [(float(dist.get("mean") or 0), 1.0)] if dist.get("mean") else []
+    if kind != "empirical":
+        return []
+    low, high = dist.get("low"), dist.get("high")
+    pairs: dict[float, float] = {}
+    for item in dist.get("values") or []:
+        if not isinstance(item, list | tuple) or len(item) != 2:
+            continue  # not the shape traffic.fit writes: ignored rather than crash the advisor
+        length, weight = float(item[0]), float(item[1])
+        if low is not None:
+            length = max(length, float(low))
+        if high is not None:
+            length = min(length, float(high))
+        if weight > 0:
+            pairs[length] = pairs.get(length, 0.0) + weight
+    total = sum(pairs.values())
+    return [(n, w / total) for n, w in sorted(pairs.items())] if total else []
+
+
+def _mixture(pairs: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: dict[float, float] = {}
+    for n, w in pairs:
+        if w > 0:
+            merged[n] = merged.get(n, 0.0) + w
+    return sorted(merged.items())
+
+
+def _sum_of(a: list[tuple[float, float]], b: list[tuple[float, float]]):
+    sums: dict[float, float] = {}
+    for x, p in a:
+        for y, q in b:
+            sums[x + y] = sums.get(x + y, 0.0) + p * q
+    return sorted(sums.items())
+
+
+def _weighted_quantile(pairs: list[tuple[float, float]], q: float) -> float:
+    """The smallest length whose cumulative probability reaches ``q`` (the inverse CDF)."""
+    cumulative = 0.0
+    for length, weight in pairs:
+        cumulative += weight
+        if cumulative >= q - 1e-9:
+            return length
+    return pairs[-1][0]
 
 
 # --- the whole snapshot --------------------------------------------------------------------
@@ -625,6 +717,7 @@ def gather(
     if live:
         engine, error = scraped or scrape_engine(deployment, scrape_seconds())
         status = "live" if engine is not None else "unavailable"
+    runs, refused = run_facts(deployment)
     snapshot = Snapshot(
         deployment=str(deployment),
         taken_at=time.time(),
@@ -632,7 +725,8 @@ def gather(
         gpus=gpus,
         engine=engine,
         host=host,
-        runs=run_facts(deployment),
+        runs=runs,
+        refused_runs=refused,
         traffic=traffic_facts(deployment),
         telemetry_seconds=telemetry_s,
     )

@@ -192,6 +192,7 @@ def _decide(
             comment=comment,
             base_config=change.base_config,
         )
+        recount_approvals(actor, change)
         count = change.approvals_count()
         after = {"comment": comment, "approvals": count, "required": change.required_approvals}
         record(actor, change, decision.value, after=after)
@@ -200,6 +201,33 @@ def _decide(
         elif count >= change.required_approvals:
             transition(actor, change, S.APPROVED)
     return change
+
+
+def recount_approvals(actor, change: ChangeRequest) -> str | None:
+    """Required approvals follow the host's labels as they are now, not as they were when
+    the change was proposed: an Admin may label the host production in between (issue 38).
+    Raises the change's count when the rule now asks for more, recorded; an approved change
+    short of it goes back to review. Returns why, when it did. Call inside the change's lock."""
+    needed = required_approvals(change.deployment)
+    if needed <= change.required_approvals:
+        return None
+    before = change.required_approvals
+    change.required_approvals = needed
+    change.save(update_fields=["required_approvals", "updated_at"])
+    why = (
+        f"{change.deployment.host.name} is labelled production now: the change needs {needed} "
+        f"approvals (it needed {before} when proposed)"
+    )
+    record(
+        actor,
+        change,
+        "approvals_required",
+        before={"required": before},
+        after={"required": needed, "reason": why},
+    )
+    if change.state == S.APPROVED and change.approvals_count() < needed:
+        transition(actor, change, S.PENDING, why)
+    return why
 
 
 def withdraw_change(actor, change: ChangeRequest, reason: str = "") -> ChangeRequest:

@@ -307,7 +307,7 @@ class Health(PipelineStage):
     def run(self, change):
         deployment, version = change.deployment, change.applied_config.version
         self.record(change, StageStatus.STARTED, deployment.engine_url)
-        problem = verification.health_problem(deployment)
+        problem = verification.health_problem(deployment, change.applied_config)
         if problem:
             raise StageFailed(
                 problem,
@@ -339,9 +339,14 @@ class Verify(PipelineStage):
 class Compare(PipelineStage):
     """The verification against the baseline, under the change's thresholds, once their
     conditions are shown to be the same (``verification.judge``): a regression (more errors,
-    slower p95 TTFT or ITL beyond the limits, an unusable verification) rolls the change back;
-    an inconclusive verdict (a warm cache against a cold one, another load, an unusable
-    baseline, too few requests) leaves it applied and marked not verified (``Done``)."""
+    slower p95 TTFT or ITL beyond the limits, an unusable verification, a hard guard:
+    preemptions or a saturated KV cache new under the change, an engine restart) rolls the
+    change back. When only the run-to-run noise keeps a latency from being judged, the same
+    load runs again on the new config, up to the change's ``max_extra_runs``, its requests
+    pooled with the verification's, until the band is narrow enough. An inconclusive verdict
+    (the noise still too wide, a warm cache against a cold one, another load, an unusable
+    baseline, too few requests) leaves it applied and marked not verified (``Done``): the
+    operator decides."""
 
     stage = Stage.COMPARE
 
@@ -351,7 +356,27 @@ class Compare(PipelineStage):
     def run(self, change):
         self.record(change, StageStatus.STARTED)
         run = change.verification_run
+        # Resumed after a lost worker: an extra run it left running counts, unpooled.
+        verification.close_unfinished(change.extra_runs.all())
         result = verification.judge(change)
+        while not result["regressed"] and result.get("measure_more"):
+            spent = change.extra_runs.count()
+            if spent >= change.max_extra_runs:
+                break
+            self.record(
+                change,
+                StageStatus.STARTED,
+                f"{result['reason']}: measuring again, extra verification run {spent + 1} "
+                f"of up to {change.max_extra_runs}",
+            )
+            extra = _measure(change, verification.EXTRA, rollback=True)
+            self.record(
+                change,
+                StageStatus.SUCCEEDED,
+                f"extra verification run {spent + 1}: {verification.run_numbers(extra)}",
+                link=verification.link(extra),
+            )
+            result = verification.judge(change)
         change.comparison = result
         change.save(update_fields=["comparison"])
         link = verification.compare_link(change.baseline_run, run)
@@ -378,7 +403,8 @@ class Done(PipelineStage):
         return change.is_finished
 
     def run(self, change):
-        text = f"{change.deployment} runs v{change.applied_config.version}"
+        version = change.applied_config.version
+        text = f"{change.deployment} runs v{version}"
         comparison = change.comparison or {}
         unverified = []
         if comparison.get("outcome") == "inconclusive":
@@ -387,11 +413,16 @@ class Done(PipelineStage):
         if quality.get("verdict") == "cannot tell":
             unverified.append(f"the quality probe cannot tell: {quality.get('reason')}")
         if unverified:
-            text += ", not verified: " + "; ".join(unverified)
+            # Never "applied" on evidence that cannot tell: the operator decides.
+            text += ", not verified: " + "; ".join(unverified) + ". " + DECIDE.format(version)
             self.record(change, StageStatus.INCONCLUSIVE, text)
             return finish(change, S.UNVERIFIED, text)
         self.record(change, StageStatus.SUCCEEDED, text)
         finish(change, S.APPLIED, text)
+
+
+# The end of an unverified change's outcome: the panel could not judge, so a person decides.
+DECIDE = "Your decision: keep v{} as it runs, or propose a rollback."
 
 
 def _succeeded(run: BenchmarkRun | None) -> bool:

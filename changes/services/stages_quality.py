@@ -105,7 +105,7 @@ class QualityVerify(PipelineStage):
         if run is None or run.status != OperationStatus.SUCCEEDED:
             run = _measure(self, change, "candidate", rollback=True)
         result = probes.compare_runs(change.quality_baseline, run, max_loss=change.max_quality_loss)
-        result["change_verdict"] = verdict = probes.change_verdict(result)
+        result["change_verdict"] = verdict = probes.quality_verdict(result)
         change.quality_comparison = result
         change.save(update_fields=["quality_comparison"])
         link = reverse("benchmarks:probe_compare", args=[change.quality_baseline.pk, run.pk])
@@ -126,7 +126,7 @@ class QualityVerify(PipelineStage):
         self.record(
             change,
             status,
-            f"{accuracy_text(run)}; {verdict['verdict']}: {verdict['reason']}",
+            f"{accuracy_text(run)}; {verdict['text']}",
             detail=table,
             link=link,
         )

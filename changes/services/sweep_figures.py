@@ -11,6 +11,40 @@ from __future__ import annotations
 
 from benchmarks.sweep import pareto_front
 
+# Every number the sweep page shows, as one quantity with its unit: an axis, a column or a
+# sentence names one of these, never a load beside a throughput per GPU as if they were one.
+# key → (what it is, its unit).
+QUANTITIES = {
+    "load_rate": ("max load at the SLO", "req/s"),
+    "load_concurrency": ("max load at the SLO", "concurrent users"),
+    "output_tps": ("output throughput", "tok/s"),
+    "output_tps_per_gpu": ("output throughput per GPU", "tok/s per GPU"),
+    "output_tps_per_user": ("output speed per user", "tok/s per user"),
+    "ttft_p95_ms": ("p95 TTFT", "ms"),
+    "cost_per_million": ("cost per 1M output tokens", ""),
+}
+
+
+def load_key(mode: str) -> str:
+    """The quantity a sweep's load is in: a request rate or a number of users."""
+    return "load_rate" if mode == "rate" else "load_concurrency"
+
+
+def axis_title(key: str) -> str:
+    """ "output throughput per GPU (tok/s per GPU)": the quantity, then its unit."""
+    name, unit = QUANTITIES[key]
+    return f"{name} ({unit})" if unit else name
+
+
+def quantity_text(key: str, value, unit: str = "") -> str:
+    """One number with its quantity's unit ("503 req/s", "1,141 tok/s per GPU")."""
+    if value is None:
+        return "—"
+    unit = unit or QUANTITIES[key][1]
+    digits = f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+    return f"{digits} {unit}".strip()
+
+
 COLOURS = (
     "#1f77b4",
     "#ff7f0e",
@@ -87,10 +121,11 @@ def per_gpu_vs_per_user(sweep, trials) -> dict:
         data.append(line)
     layout = {
         **LAYOUT,
-        "title": {"text": "Output tok/s per GPU vs tok/s per user (at each max load)"},
-        "xaxis": {"title": {"text": "output tok/s per user"}},
-        "yaxis": {"title": {"text": "output tok/s per GPU"}},
+        "title": {"text": "Per GPU against per user, each trial at its max load at the SLO"},
+        "xaxis": {"title": {"text": axis_title("output_tps_per_user")}},
+        "yaxis": {"title": {"text": axis_title("output_tps_per_gpu")}},
     }
+    _hover_units(data, "output_tps_per_user", "output_tps_per_gpu")
     return {"data": data, "layout": layout}
 
 
@@ -127,10 +162,11 @@ def throughput_vs_ttft(sweep, trials) -> dict:
         data.append(line)
     layout = {
         **LAYOUT,
-        "title": {"text": "Output tok/s vs p95 TTFT (every load tried)"},
-        "xaxis": {"title": {"text": "p95 TTFT (ms)"}},
-        "yaxis": {"title": {"text": "output tok/s"}},
+        "title": {"text": "Output throughput of the config against p95 TTFT, every load tried"},
+        "xaxis": {"title": {"text": axis_title("ttft_p95_ms")}},
+        "yaxis": {"title": {"text": axis_title("output_tps") + ", all the config's GPUs"}},
     }
+    _hover_units(data, "ttft_p95_ms", "output_tps")
     limit = _num((sweep.slo or {}).get("ttft_p95_ms"))
     if limit is not None:
         layout["shapes"] = [
@@ -157,6 +193,17 @@ def throughput_vs_ttft(sweep, trials) -> dict:
             }
         ]
     return {"data": data, "layout": layout}
+
+
+def _hover_units(data: list[dict], x: str, y: str) -> None:
+    """Each point's hover names both quantities with their units, not two bare numbers."""
+    (x_name, x_unit), (y_name, y_unit) = QUANTITIES[x], QUANTITIES[y]
+    for trace in data:
+        if "hovertemplate" in trace:
+            trace["hovertemplate"] = (
+                f"%{{text}}<br>{x_name} %{{x:.4g}} {x_unit}<br>{y_name} %{{y:.4g}} {y_unit}"
+                f"<extra>{trace['name']}</extra>"
+            )
 
 
 def _point(name, x, y, colour, predicted, label) -> dict:

@@ -13,6 +13,7 @@ import uuid
 from django.db import transaction
 from django.utils import timezone
 
+from benchmarks.evidence import usable_as_evidence
 from benchmarks.models import BenchmarkRun
 from benchmarks.services import runs as benchmark_runs
 from benchmarks.sweep import (
@@ -195,7 +196,7 @@ def _apply(trial: SweepTrial, lane: SweepLane) -> None:
             f"v{config.version} did not start: {message}" + (f"\n{tail}" * bool(tail))
         )
     deployment.refresh_from_db()
-    problem = verification.health_problem(deployment)
+    problem = verification.health_problem(deployment, config)
     if problem:
         raise TrialBroken(f"the engine is not healthy on v{config.version}: {problem}")
 
@@ -204,7 +205,7 @@ def _search(trial: SweepTrial, lane: SweepLane) -> None:
     sweep = trial.sweep
     slo = Slo.from_dict(sweep.slo)
     integer = sweep.load_mode == "concurrency"
-    start, low, high = _bounds(trial, sweep)
+    start, low, high = search_bounds(trial, sweep)
 
     def measure(load: float) -> dict:
         return _measure(trial, lane, load)
@@ -250,7 +251,7 @@ def _gpus_used(settings: dict) -> int:
     )
 
 
-def _bounds(trial: SweepTrial, sweep: Sweep) -> tuple[float, float, float]:
+def search_bounds(trial: SweepTrial, sweep: Sweep) -> tuple[float, float, float]:
     """Where the search starts (the predicted max load, else the profile's own load) and
     how far it may go."""
     predicted = (trial.predicted or {}).get("max_load")
@@ -312,6 +313,11 @@ def _measure(trial: SweepTrial, lane: SweepLane, load: float) -> dict:
             f"the engine failed during {run}: {run.error or run.status}"
             + (f"; now: {problem}" if problem else "")
         )
+    evidence = usable_as_evidence(run)
+    if evidence.limited:
+        # Its numbers are the load generator's: neither a load the SLO holds at nor one it
+        # breaks at, and a starved client will not search any better at the next load.
+        raise TrialBroken(f"{run} at {load:.3g} {unit} is {evidence.refusal}: not a valid point")
     numbers = run_numbers(run)
     slo = Slo.from_dict(sweep.slo)
     check = slo.check(numbers)

@@ -23,6 +23,7 @@ from changes.models import ChangeRequest
 from changes.models_sweeps import Objective, Sweep, SweepApproval, SweepLane, SweepTrial
 from changes.rules_sweeps import SweepRefused, require
 from changes.services.facts import gpu_facts
+from changes.services.sweep_figures import QUANTITIES, load_key, quantity_text
 from controlpanel.choices import OperationStatus
 from controlpanel.jobs import enqueue_on_commit
 from controlpanel.realtime import group_name, publish
@@ -408,18 +409,30 @@ def verification_profile(sweep: Sweep, control: SweepTrial | None) -> LoadProfil
 
 
 def outcome_line(sweep: Sweep, trial: SweepTrial) -> str:
-    unit = "req/s" if sweep.load_mode == "rate" else "users"
+    """The trial's result in words, each number named with its quantity and unit (the load
+    is the whole config's, its throughput said for the config and per GPU): "max load at the
+    SLO 503 req/s; output throughput 2,282 tok/s (1,141 tok/s per GPU over 2 GPUs); …"."""
     if trial.max_load is None or not trial.met_slo:
         return "did not meet the SLO at any load tried"
     numbers = trial.numbers or {}
-    parts = [f"max {trial.max_load:.3g} {unit} at the SLO"]
-    if numbers.get("output_tps_per_gpu") is not None:
-        parts.append(f"{numbers['output_tps_per_gpu']:.0f} output tok/s per GPU")
+    key = load_key(sweep.load_mode)
+    parts = [f"{QUANTITIES[key][0]} {quantity_text(key, trial.max_load)}"]
+    total, per_gpu = numbers.get("output_tps"), numbers.get("output_tps_per_gpu")
+    if total is not None and per_gpu:
+        gpus = round(total / per_gpu)
+        parts.append(
+            f"output throughput {quantity_text('output_tps', total)} "
+            f"({quantity_text('output_tps_per_gpu', per_gpu)} over {gpus} GPU"
+            f"{'s' if gpus != 1 else ''})"
+        )
+    elif per_gpu is not None:
+        parts.append(f"output throughput {quantity_text('output_tps_per_gpu', per_gpu)}")
     if numbers.get("ttft_p95_ms") is not None:
-        parts.append(f"p95 TTFT {numbers['ttft_p95_ms']:.0f} ms")
+        parts.append(f"p95 TTFT {quantity_text('ttft_p95_ms', numbers['ttft_p95_ms'])}")
     if trial.cost_per_million is not None:
-        parts.append(f"{trial.cost_per_million:.3g} {sweep.target.get('currency', '')} per 1M")
-    return ", ".join(parts)
+        currency = sweep.target.get("currency", "")
+        parts.append(f"{trial.cost_per_million:.3g} {currency} per 1M output tokens".strip())
+    return "; ".join(parts)
 
 
 def propose_winner(actor, sweep: Sweep, **fields) -> ChangeRequest:

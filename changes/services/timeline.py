@@ -34,6 +34,7 @@ TITLES = {
     "reject": "Rejected",
     "comment": "Comment",
     "rebase": "Rebased onto the running config",
+    "approvals_required": "More approvals required (the host is labelled production)",
     "apply": "Apply requested",
     "resume": "Pipeline resumed",
     "rollback_request": "Rollback requested",

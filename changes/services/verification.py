@@ -6,26 +6,34 @@ from __future__ import annotations
 
 import httpx
 from django.conf import settings as conf
+from django.db.models import Q
 from django.urls import reverse
 
 from benchmarks import records
+from benchmarks.evidence import usable_as_evidence
+from benchmarks.loadgen import stats
 from benchmarks.models import BenchmarkRun, RunRequestLog
 from benchmarks.services import runs as benchmark_runs
 from benchmarks.services.results import error_threshold_problem
 from changes import verdict
 from changes.models import ChangeRequest
+from controlpanel.choices import OperationStatus
 from hosts.choices import OperationOutcome
 from hosts.engines import readiness
-from hosts.models import Deployment, EngineOperation
+from hosts.models import Deployment, EngineConfig, EngineOperation
+from hosts.transport.tls import system_trust
 
 
-def health_problem(deployment: Deployment) -> str | None:
+def health_problem(deployment: Deployment, config: EngineConfig | None = None) -> str | None:
     """None when the engine is ready by ``hosts.engines.readiness`` (``/health`` and a model
-    on ``/v1/models``, asked with the deployment's API key) within CHANGE_HEALTH_TIMEOUT,
-    else what is wrong."""
-    key = deployment.api_key()
+    on ``/v1/models``) within CHANGE_HEALTH_TIMEOUT, else what is wrong. Asked with the API
+    key of ``config``, the config just applied (a change may set a new key: the engine then
+    refuses the old one), else of the deployment's running config."""
+    key = config.api_key() if config is not None else deployment.api_key()
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    with httpx.Client(base_url=deployment.engine_url, headers=headers, timeout=5) as client:
+    with httpx.Client(
+        base_url=deployment.engine_url, headers=headers, timeout=5, verify=system_trust()
+    ) as client:
         return readiness.wait_ready(
             lambda: readiness.probe(client, engine=deployment.engine).problem,
             conf.CHANGE_HEALTH_TIMEOUT,
@@ -34,6 +42,9 @@ def health_problem(deployment: Deployment) -> str | None:
 
 
 BENCHMARK_FIELDS = {"baseline": "baseline_run", "verification": "verification_run"}
+# An extra verification run, measured when the noise band is too wide to judge: it joins the
+# change's ``extra_runs`` instead of a field of its own.
+EXTRA = "extra verification"
 
 
 def run_benchmark(change: ChangeRequest, purpose: str) -> tuple[BenchmarkRun | None, str]:
@@ -41,11 +52,8 @@ def run_benchmark(change: ChangeRequest, purpose: str) -> tuple[BenchmarkRun | N
     run is an ordinary run: its page streams live and it joins the history). The run is on
     the change before it starts, so a rollback request can cancel it. ``(run, "")``, or
     ``(None, why it could not start)``."""
-    field = BENCHMARK_FIELDS[purpose]
-    earlier = getattr(change, field)
-    if earlier is not None and not earlier.is_finished:
-        # The pipeline's previous worker died during this run: it measured for nobody.
-        benchmark_runs.fail_run(earlier, "the change's pipeline stopped during the run")
+    field = BENCHMARK_FIELDS.get(purpose)
+    close_unfinished([getattr(change, field)] if field else list(change.extra_runs.all()))
     try:
         run = benchmark_runs.start_benchmark(
             change.applied_by,
@@ -57,8 +65,11 @@ def run_benchmark(change: ChangeRequest, purpose: str) -> tuple[BenchmarkRun | N
         )
     except benchmark_runs.RunRefused as exc:
         return None, f"the {purpose} benchmark could not start: {exc}"
-    setattr(change, field, run)
-    change.save(update_fields=[field])
+    if field:
+        setattr(change, field, run)
+        change.save(update_fields=[field])
+    else:
+        change.extra_runs.add(run)
     try:
         benchmark_runs.execute_run(
             BenchmarkRun.objects.select_related(
@@ -69,6 +80,14 @@ def run_benchmark(change: ChangeRequest, purpose: str) -> tuple[BenchmarkRun | N
         benchmark_runs.fail_run(run, f"{type(exc).__name__}: {exc}")
     run.refresh_from_db()
     return run, ""
+
+
+def close_unfinished(runs) -> None:
+    """Fail the runs a previous worker of the pipeline left running: it died during them, so
+    they measured for nobody."""
+    for run in runs:
+        if run is not None and not run.is_finished:
+            benchmark_runs.fail_run(run, "the change's pipeline stopped during the run")
 
 
 def numbers(run: BenchmarkRun | None) -> dict:
@@ -127,16 +146,58 @@ def conditions(run: BenchmarkRun | None) -> dict:
         "cache_state": cache_state(run),
         "prefix_cache_hit_rate": share("prefix_cache_hit_rate"),
         "kv_cache_usage_max": share("kv_cache_usage_max"),
+        "preemptions": None if (pre := count(server, "preemptions")) is None else round(pre),
+        "restarted": restarted(run),
         "error_rate": run.error_rate,
         "requests": run.completed,
+        "run": run.pk,
         "problem": error_threshold_problem(run),
     }
 
 
+def count(server: dict, key: str) -> float | None:
+    """A counter's increase over the run as the engine reported it, or None unreported."""
+    value = server.get(key)
+    return float(value) if isinstance(value, int | float) and value == value else None
+
+
+# The engine's counters only grow while it runs: one that went back over a run means the
+# process behind the port started again in between.
+RESTART_COUNTERS = ("prompt_tokens", "generation_tokens")
+
+
+def restarted(run: BenchmarkRun) -> str | None:
+    """How the engine restarted during ``run``, or None: its own counters went back (a new
+    process starts them at zero), or an engine operation on the deployment ran within the
+    run's window (someone restarted or re-applied it)."""
+    server = run.server if isinstance(run.server, dict) else {}
+    back = [key for key in RESTART_COUNTERS if (count(server, key) or 0) < 0]
+    if back:
+        return f"its {' and '.join(back)} counters went back"
+    if run.started_at is None or run.finished_at is None:
+        return None
+    operation = (
+        EngineOperation.objects.filter(
+            deployment_id=run.deployment_id,
+            started_at__lt=run.finished_at,
+        )
+        .filter(Q(finished_at__isnull=True) | Q(finished_at__gt=run.started_at))
+        .order_by("started_at")
+        .first()
+    )
+    if operation is None:
+        return None
+    return (
+        f"engine operation #{operation.pk} ({operation.get_kind_display().lower()}) ran during it"
+    )
+
+
 def judge(change: ChangeRequest) -> dict:
-    """The verdict on ``change``: its verification against its baseline, under its
-    thresholds, the change's flags saying whether a moved prefix-cache hit rate is its effect."""
-    return judge_runs(
+    """The verdict on ``change``: its verification (with its extra runs) against its
+    baseline, under its thresholds, the change's flags saying whether a moved prefix-cache hit
+    rate is its effect; with the budget of extra runs and how much of it was spent."""
+    extra = list(change.extra_runs.order_by("pk")) if change.pk else []
+    result = judge_runs(
         change.baseline_run,
         change.verification_run,
         verdict.Thresholds(
@@ -145,7 +206,19 @@ def judge(change: ChangeRequest) -> dict:
             change.max_itl_p95_regression,
         ),
         cache_changed=verdict.alters_cache(change.deployment.engine, _changed_flags(change)),
+        extra=extra,
     )
+    result["extra_runs"] = {
+        "budget": change.max_extra_runs,
+        "measured": len(extra),
+        "pooled": max(0, len(result["verification_runs"]) - 1),
+    }
+    if result["measure_more"] and len(extra) >= change.max_extra_runs:
+        result["reason"] += (
+            f" (after {len(extra)} extra verification run{'s' if len(extra) != 1 else ''},"
+            f" the change's budget of {change.max_extra_runs})"
+        )
+    return result
 
 
 def judge_runs(
@@ -154,38 +227,109 @@ def judge_runs(
     thresholds: verdict.Thresholds,
     *,
     cache_changed: bool = False,
+    extra: list[BenchmarkRun] = (),
 ) -> dict:
     """The verdict on ``run`` against ``baseline`` (``verdict.verdict``): their numbers, the
     conditions each measured under and the TTFT p95 noise bands of their request logs. One
-    rule for a change's verification and for any two runs (the API's verdict, the CI gate)."""
-    return verdict.verdict(
-        numbers(baseline),
-        numbers(run),
-        thresholds,
-        (conditions(baseline), conditions(run)),
-        cache_changed=cache_changed,
-        noise={"ttft_p95_ms": (ttft_p95_band(baseline), ttft_p95_band(run))},
+    rule for a change's verification and for any two runs (the API's verdict, the CI gate).
+
+    ``extra``: more runs of the verification's config (``pool``): those measured under the
+    baseline's conditions add their requests to the verification's TTFT p95 and its band;
+    every one of them counts for the hard guards."""
+    before, after = conditions(baseline), conditions(run)
+    ttfts = request_ttfts(run)
+    values = numbers(run)
+    if run is not None and extra:
+        after, ttfts = pool(before, after, ttfts, extra, cache_changed=cache_changed)
+        if ttfts and len(after["runs"]) > 1:
+            values["ttft_p95_ms"] = stats.percentile(sorted(ttfts), 95)
+    return refuse_client_limited(
+        verdict.verdict(
+            numbers(baseline),
+            values,
+            thresholds,
+            (before, after),
+            cache_changed=cache_changed,
+            noise={
+                "ttft_p95_ms": (
+                    ttft_p95_band(baseline),
+                    verdict.quantile_interval(ttfts) if ttfts is not None else None,
+                )
+            },
+        ),
+        baseline,
+        run,
     )
 
 
-def ttft_p95_band(run: BenchmarkRun | None):
-    """The run-to-run noise band of the run's TTFT p95, from its successful requests' TTFTs
-    (its request log), or None without a log or with too few requests. ITL has no such band:
-    the log keeps each request's mean and worst gap, not the pooled gaps a p95 ITL is of."""
+def refuse_client_limited(result: dict, baseline, run) -> dict:
+    """A verdict on a client-limited run (``benchmarks.evidence.usable_as_evidence``) is
+    "cannot judge", whatever its checks say: its latencies and errors are the load
+    generator's. The engine's own hard guards (preemptions, KV, restarts) still regress."""
+    refused = [
+        f"the {side} run {r.numbered_name} is {evidence.refusal}"
+        for side, r in (("baseline", baseline), ("verification", run))
+        if r is not None and (evidence := usable_as_evidence(r)).limited
+    ]
+    if not refused or result.get("guards"):
+        return result
+    return {
+        **result,
+        "outcome": "inconclusive",
+        "regressed": False,
+        "reason": verdict.CANNOT_JUDGE + "; ".join(refused),
+        "measure_more": False,
+    }
+
+
+def pool(before: dict, after: dict, ttfts, extra, *, cache_changed: bool):
+    """The verification's conditions and TTFTs with its extra runs: a run that measured under
+    the baseline's conditions (``verdict.compare_conditions``, the rule the verdict applies to
+    the verification) and is usable adds its requests; every run adds its preemptions, KV
+    peak and restarts, which the hard guards read."""
+    after = {**after, "runs": [after["run"]]}
+    ttfts = list(ttfts or [])
+    for run in extra:
+        if run.status != OperationStatus.SUCCEEDED:
+            continue
+        more = conditions(run)
+        for key, worse in (("preemptions", sum), ("kv_cache_usage_max", max)):
+            known = [v for v in (after.get(key), more.get(key)) if v is not None]
+            after[key] = worse(known) if known else None
+        after["restarted"] = after.get("restarted") or more.get("restarted")
+        differ = verdict.compare_conditions(before, more, cache_changed=cache_changed)["differ"]
+        logged = request_ttfts(run)
+        if differ or more.get("problem") or logged is None or usable_as_evidence(run).limited:
+            continue
+        ttfts += logged
+        after["runs"].append(run.pk)
+        after["requests"] = (after.get("requests") or 0) + (more.get("requests") or 0)
+    return after, ttfts
+
+
+def request_ttfts(run: BenchmarkRun | None) -> list[float] | None:
+    """The TTFTs of the run's successful requests (its request log), or None without a log."""
     if run is None:
         return None
     blob = RunRequestLog.objects.filter(run=run).values_list("data", flat=True).first()
     if blob is None:
         return None
     try:
-        ttfts = [
+        return [
             row["ttft_ms"]
             for row in records.iter_rows(bytes(blob))
             if row["error_class"] is None and row["ttft_ms"] is not None
         ]
     except records.RecordLogError:
         return None
-    return verdict.quantile_interval(ttfts)
+
+
+def ttft_p95_band(run: BenchmarkRun | None):
+    """The run-to-run noise band of the run's TTFT p95, from its successful requests' TTFTs
+    (its request log), or None without a log or with too few requests. ITL has no such band:
+    the log keeps each request's mean and worst gap, not the pooled gaps a p95 ITL is of."""
+    ttfts = request_ttfts(run)
+    return verdict.quantile_interval(ttfts) if ttfts is not None else None
 
 
 def _changed_flags(change: ChangeRequest) -> set[str]:

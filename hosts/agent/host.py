@@ -4,12 +4,13 @@ the kernel's own files; no GPU involved."""
 from __future__ import annotations
 
 import os
-import re
 import socket
 from importlib import metadata
 from pathlib import Path
 
 import psutil
+
+from hosts.engines import cpulist
 
 SYS_NODES = Path("/sys/devices/system/node")
 CPUINFO = Path("/proc/cpuinfo")
@@ -29,36 +30,15 @@ LIBRARIES = (
 def format_cpu_list(cpus) -> str:
     """``[0, 1, 2, 3, 8, 9]`` → ``"0-3,8-9"`` (the kernel's cpulist spelling, which numactl,
     taskset and our LaunchConfig placement accept)."""
-    ordered = sorted(set(int(c) for c in cpus))
-    parts: list[str] = []
-    start = prev = None
-    for cpu in ordered:
-        if prev is not None and cpu == prev + 1:
-            prev = cpu
-            continue
-        if start is not None:
-            parts.append(f"{start}-{prev}" if prev != start else str(start))
-        start = prev = cpu
-    if start is not None:
-        parts.append(f"{start}-{prev}" if prev != start else str(start))
-    return ",".join(parts)
+    return cpulist.format_list(cpus)
 
 
 def parse_cpu_list(text: str) -> list[int]:
-    """``"0-3,8"`` → ``[0, 1, 2, 3, 8]``; raises ValueError on anything else."""
-    cpus: list[int] = []
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
-        if not match:
-            raise ValueError(f"bad CPU list {text!r}")
-        lo = int(match.group(1))
-        hi = int(match.group(2) or lo)
-        if hi < lo:
-            raise ValueError(f"bad CPU range {part!r}")
-        cpus.extend(range(lo, hi + 1))
-    return cpus
+    """``"0-3,8"`` → ``[0, 1, 2, 3, 8]``; raises ValueError on anything else, or on a list
+    beyond the limits the panel checks too (hosts.engines.cpulist)."""
+    if not text.strip():
+        return []
+    return cpulist.parse(text)
 
 
 def cpu_model() -> str | None:

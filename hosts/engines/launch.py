@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hosts.engines import get_spec
+from hosts.engines import cpulist, get_spec
 from hosts.engines.catalog import GPUS
 from hosts.engines.environment import env_problem, text_problem
 from hosts.engines.flags import EngineArgError, engine_version
@@ -50,8 +50,6 @@ RESERVED_SETTINGS = {
     "host": "LaunchConfig.host",
     "model": "LaunchConfig.model",
 }
-
-CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 
 
 def code_loading(engine: str, settings: Mapping[str, Any]) -> list[str]:
@@ -123,13 +121,7 @@ class Placement:
 
 
 def _cpu_list_problem(cpus: Any) -> str | None:
-    if not isinstance(cpus, str) or not CPU_LIST.match(cpus):
-        return f"expected a CPU list like 0-15,32-47, got {cpus!r}"
-    for part in cpus.split(","):
-        low, _, high = part.partition("-")
-        if high and int(high) < int(low):
-            return f"CPU range {part!r} runs backwards"
-    return None
+    return cpulist.problem(cpus)  # bounded before expanding (hosts.engines.cpulist)
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,10 @@ def request_host_check(actor, host: Host) -> HostCheck:
         check = HostCheck.objects.create(host=host, requested_by=actor)
         if actor is not None:
             audit(actor, "host.check", host)
+        # "queued" is sent before the task is: on commit, in this order. Sent after it, a
+        # quick worker's "running" reached the page first and "queued" overwrote it.
+        transaction.on_commit(lambda: _publish_check(check))
         enqueue_on_commit("hosts.tasks.check_host", check.pk)
-    _publish_check(check)
     return check
 
 

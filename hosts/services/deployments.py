@@ -24,6 +24,7 @@ from hosts.engines.catalog import GPUS, HF_REPOS, MODELS, UnknownModel, gpu_key,
 from hosts.engines.flags import EngineArgError
 from hosts.engines.launch import LaunchConfig, LaunchError
 from hosts.models import ENGINE_NAME, Deployment, EngineConfig, Gpu, Host
+from hosts.services.code_loading import as_diff, require_code_loading
 from hosts.services.operations import request_operation
 
 GIB = 2**30
@@ -327,6 +328,8 @@ def create_deployment(actor, host: Host, data: dict) -> tuple[Deployment, Fit]:
     launch, gpus, fit, errors = check(host, data)
     if errors:
         raise DeploymentRefused(errors)
+    # The rule a change meets for the same options (PermissionDenied: 403 in the API).
+    require_code_loading(actor, launch.engine, as_diff(launch.settings))
     try:
         with transaction.atomic():
             deployment = Deployment.objects.create(

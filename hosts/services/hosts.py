@@ -19,7 +19,7 @@ from controlpanel.services import audit, snapshot
 from hosts.choices import HostStatus
 from hosts.credentials import SECRET_FIELDS, TRANSPORT_SECRETS, same_secret
 from hosts.models import Host
-from hosts.services.transports import forget_transport
+from hosts.services.transports import connection_key, forget_transport
 from hosts.transport.base import HostKeyMismatch, HostKeyUnknown
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,10 @@ def update_host(actor, host: Host, form) -> Host:
                 before={"protection": stored.protection},
                 after={"protection": host.protection},
             )
-    forget_transport(host.pk)
+    if connection_key(host) != connection_key(stored):
+        # Only a new way to the host drops the open poll connection: a price or label edit
+        # during a run keeps it (its holders finish on it either way).
+        forget_transport(host.pk)
     return host
 
 

@@ -140,7 +140,8 @@ def _poll_in_thread(host: Host) -> int:
 def _poll_one(host: Host) -> int:
     try:
         try:
-            reading = poll_transport(host).telemetry()
+            with poll_transport(host) as transport:
+                reading = transport.telemetry()
         except HostKeyMismatch as exc:
             forget_transport(host.pk)
             offer_host_key(host, exc)

@@ -200,33 +200,42 @@ def _read_secrets_to_build(hosts: list[Host]) -> None:
 
 def _fetch_all(hosts: list[Host], answers: queue.Queue) -> None:
     """Put ``(host, reading or exception)`` on ``answers`` for every host, as each answers."""
-    plain, threaded = [], []
-    for host in hosts:
-        try:
-            transport = poll_transport(host)  # refuses unbound credentials, as everywhere
-        except Exception as exc:  # noqa: BLE001 - reported per host, the rest go on
-            answers.put((host, exc))
-            continue
-        if host.transport == TransportKind.AGENT and not host.agent_tls:
-            plain.append((host, transport))
-        else:
-            threaded.append(host)
-    pool = None
-    if threaded:
-        # SSH (and TLS agents, whose CA the pooled client does not carry) keep their threads.
-        pool = ThreadPoolExecutor(max_workers=min(16, len(threaded)))
-        for host in threaded:
-            pool.submit(_read_in_thread, host, answers)
-    if plain:
-        telemetry_loop.fetch_agents(plain, answers)
-    if pool is not None:
-        pool.shutdown(wait=True)
-    connection.close()  # this thread's own, if building a transport opened one
+    plain, threaded, leases = [], [], []
+    try:
+        for host in hosts:
+            try:
+                lease = poll_transport(host)  # refuses unbound credentials, as everywhere
+            except Exception as exc:  # noqa: BLE001 - reported per host, the rest go on
+                answers.put((host, exc))
+                continue
+            if host.transport == TransportKind.AGENT and not host.agent_tls:
+                leases.append(lease)
+                plain.append((host, lease.transport))
+            else:
+                lease.release()  # its thread takes its own
+                threaded.append(host)
+        pool = None
+        if threaded:
+            # SSH (and TLS agents, whose CA the pooled client does not carry) keep their
+            # threads.
+            pool = ThreadPoolExecutor(max_workers=min(16, len(threaded)))
+            for host in threaded:
+                pool.submit(_read_in_thread, host, answers)
+        if plain:
+            telemetry_loop.fetch_agents(plain, answers)
+        if pool is not None:
+            pool.shutdown(wait=True)
+    finally:
+        for lease in leases:
+            lease.release()
+        connection.close()  # this thread's own, if building a transport opened one
 
 
 def _read_in_thread(host: Host, answers: queue.Queue) -> None:
     try:
-        answers.put((host, poll_transport(host).telemetry()))
+        with poll_transport(host) as transport:
+            reading = transport.telemetry()
+        answers.put((host, reading))
     except Exception as exc:  # noqa: BLE001 - the main thread applies it to the host
         answers.put((host, exc))
     finally:

@@ -4,14 +4,15 @@ cache of one open transport per host."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
-from datetime import datetime
 from pathlib import Path
 
 from django.conf import settings
 
 from controlpanel.crypto import DecryptionError, reveal
 from hosts.choices import TransportKind
+from hosts.credentials import SECRET_FIELDS
 from hosts.models import Deployment, Host
 from hosts.transport.agent import AgentTransport
 from hosts.transport.base import Transport, TransportError
@@ -114,36 +115,131 @@ def _ssh_launch_style(host: Host) -> str:
 
 
 # The poller keeps one transport per host per worker process (an SSH handshake a second
-# would cost more than the reading); operations open their own.
-_poll_transports: dict[int, tuple[datetime, Transport]] = {}
+# would cost more than the reading); operations open their own. Threads share these
+# transports (the fleet poll, a benchmark's own readings, the embedded worker's jobs), so a
+# transport is held through a lease while in use: one replaced or forgotten meanwhile is
+# closed by its last holder, never under a reader (that read failed with "Bad file
+# descriptor" and marked a healthy host unreachable).
+# Fields transport_for builds from (besides the deployments' launch style, which is read
+# when the transport is built): an edit of any other field (a price, labels, a description)
+# keeps the open connection.
+CONNECTION_FIELDS = (
+    "transport",
+    "address",
+    "port",
+    "agent_tls",
+    "agent_ca_cert",
+    "ssh_username",
+    "ssh_python",
+    "ssh_host_key_fingerprint",
+    "credential_bindings",
+    *SECRET_FIELDS,
+)
+MAX_KNOWN_VERSIONS = 8
+
+
+def connection_key(host: Host) -> str:
+    """A digest of how ``host`` is reached (secrets included, never kept in clear)."""
+    digest = hashlib.sha256()
+    for name in CONNECTION_FIELDS:
+        value = getattr(host, name)
+        # An unreadable secret reads as "": its stored ciphertext tells two of them apart.
+        digest.update(repr(getattr(value, "stored", value)).encode() + b"\0")
+    return digest.hexdigest()
+
+
+class _Pooled:
+    """A cached poll transport: the host row versions (``updated_at``) known to be reached
+    the way it was built, its holders, and whether it was replaced or forgotten."""
+
+    __slots__ = ("versions", "key", "transport", "users", "retired")
+
+    def __init__(self, version, key: str, transport: Transport):
+        self.versions, self.key, self.transport = {version}, key, transport
+        self.users, self.retired = 1, False
+
+
+_poll_transports: dict[int, _Pooled] = {}
 _poll_lock = threading.Lock()
 
 
-def poll_transport(host: Host) -> Transport:
-    """The cached transport to ``host`` for polling, rebuilt when the host row changed."""
+class PollLease:
+    """A hold on the cached poll transport of a host, taken when made (so a refusal raises
+    there); ``with poll_transport(host) as transport:`` releases it at the block's end."""
+
+    def __init__(self, host: Host):
+        self._entry: _Pooled | None = _acquire(host)
+        self.transport = self._entry.transport
+
+    def __enter__(self) -> Transport:
+        return self.transport
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def release(self) -> None:
+        entry, self._entry = self._entry, None
+        if entry is None:
+            return
+        with _poll_lock:
+            entry.users -= 1
+            closing = entry.retired and entry.users == 0
+        if closing:
+            entry.transport.close()
+
+
+def poll_transport(host: Host) -> PollLease:
+    """A lease on the cached transport to ``host`` for polling (built on first use, rebuilt
+    when how the host is reached changed): ``with poll_transport(host) as transport:``."""
+    return PollLease(host)
+
+
+def _acquire(host: Host) -> _Pooled:
     with _poll_lock:
-        cached = _poll_transports.get(host.pk)
-        if cached and cached[0] == host.updated_at:
-            return cached[1]
-    transport = transport_for(host)
+        entry = _poll_transports.get(host.pk)
+        if entry is not None and host.updated_at in entry.versions:
+            entry.users += 1
+            return entry
+    key = connection_key(host)  # may read deferred secrets: not under the lock
     with _poll_lock:
-        old = _poll_transports.pop(host.pk, None)
-        _poll_transports[host.pk] = (host.updated_at, transport)
-    if old:
-        old[1].close()
-    return transport
+        entry = _poll_transports.get(host.pk)
+        if entry is not None and entry.key == key:
+            # The row changed, not the way to the host: keep the open connection. (Several
+            # versions: a job holding the row as it was before an edit polls beside beat.)
+            if len(entry.versions) >= MAX_KNOWN_VERSIONS:
+                entry.versions.clear()
+            entry.versions.add(host.updated_at)
+            entry.users += 1
+            return entry
+    fresh = _Pooled(host.updated_at, key, transport_for(host))
+    with _poll_lock:
+        closing = _retire(_poll_transports.get(host.pk))
+        _poll_transports[host.pk] = fresh
+    if closing is not None:
+        closing.close()
+    return fresh
+
+
+def _retire(entry: _Pooled | None) -> Transport | None:
+    """Mark ``entry`` replaced (called under the lock); its transport when nobody holds it
+    (the caller closes it outside the lock), else its last holder will."""
+    if entry is None:
+        return None
+    entry.retired = True
+    return entry.transport if entry.users == 0 else None
 
 
 def has_poll_transport(host: Host) -> bool:
     """Whether ``poll_transport(host)`` has its transport already (built for this host row)."""
     with _poll_lock:
-        cached = _poll_transports.get(host.pk)
-    return cached is not None and cached[0] == host.updated_at
+        entry = _poll_transports.get(host.pk)
+        return entry is not None and host.updated_at in entry.versions
 
 
 def forget_transport(pk: int) -> None:
-    """Close and drop the cached transport of host ``pk`` (its settings changed, or it failed)."""
+    """Drop the cached transport of host ``pk`` (its settings changed, or it failed): closed
+    now, or by its last holder."""
     with _poll_lock:
-        old = _poll_transports.pop(pk, None)
-    if old:
-        old[1].close()
+        closing = _retire(_poll_transports.pop(pk, None))
+    if closing is not None:
+        closing.close()

@@ -9,7 +9,6 @@ agent (202 + an operation id), so they are polled here until the operation finis
 
 from __future__ import annotations
 
-import functools
 import ssl
 import time
 
@@ -24,21 +23,12 @@ from hosts.transport.base import (
     check_engine_name,
 )
 from hosts.transport.jsontext import decode  # also what the fleet poll reads with
+from hosts.transport.tls import system_trust
 
 POLL_INTERVAL = 0.25
 # Slack on top of the agent's own waiting (process start/stop, a busy host, the network).
 OPERATION_MARGIN_S = 30.0
 POLL_RETRIES = 3  # a network blip while polling must not lose track of a running operation
-
-
-@functools.cache
-def system_trust() -> ssl.SSLContext:
-    """What an agent's certificate is verified against when the host has no CA of its own:
-    the context httpx builds for ``verify=True`` (certifi's CAs), made once a process. Each
-    client building its own loaded the CA bundle again (~18 ms of CPU; httpx builds one
-    even for plain HTTP): a worker's first polls of 500 hosts spent ~9 s of CPU on it, and
-    every host saved (a status change) cost it again."""
-    return httpx.create_ssl_context(trust_env=False)
 
 
 class AgentTransport(Transport):

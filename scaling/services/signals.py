@@ -11,6 +11,7 @@ keyed by the sample's primary key, so only the rows another process wrote are re
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -26,6 +27,7 @@ from controlpanel.realtime import group_name, publish
 from hosts.choices import DeploymentStatus, HostStatus
 from hosts.engines.metrics import endpoints
 from hosts.models import Deployment
+from hosts.transport.tls import system_trust
 from scaling.models import EngineSample
 from scaling.planning import expo
 from scaling.planning import signals as planning
@@ -43,6 +45,11 @@ RETENTION_EVERY_S = 60
 _snapshots: dict[int, tuple[int, float, dict]] = {}
 # deployment pk → the kind of failure last logged for it ("" once it answers again).
 _failing: dict[int, str] = {}
+# Both are shared by every thread of the process (the embedded worker runs polls in threads;
+# two overlapped when one ran long): read and changed only under this lock, never across a
+# query. A poll works on its own copy of what it needs, so another poll trimming the cache
+# meanwhile costs at most a re-read (it raised KeyError in ``del _snapshots[pk]``).
+_lock = threading.Lock()
 
 
 def serves_metrics(deployment: Deployment) -> bool:
@@ -94,10 +101,16 @@ def poll_signals() -> int:
             )
         )
     EngineSample.objects.bulk_create(samples)
+    with _lock:
+        for sample in samples:
+            if sample.pk is not None:
+                _snapshots[sample.pk] = (
+                    sample.deployment_id,
+                    sample.time.timestamp(),
+                    sample.snapshot,
+                )
     for sample in samples:
         t = sample.time.timestamp()
-        if sample.pk is not None:
-            _snapshots[sample.pk] = (sample.deployment_id, t, sample.snapshot)
         publish(
             group_name("host", sample.deployment.host_id),
             "deployment.signals",
@@ -115,7 +128,7 @@ def _scrape_all(deployments: list[Deployment]) -> list[tuple[float, dict | None,
     for d in deployments:
         key = d.api_key()
         requests.append((metrics_url(d), {"Authorization": f"Bearer {key}"} if key else {}))
-    with httpx.Client(timeout=SCRAPE_TIMEOUT_S) as client:
+    with httpx.Client(timeout=SCRAPE_TIMEOUT_S, verify=system_trust()) as client:
         if len(requests) == 1:
             return [_scrape(client, *requests[0])]
         with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(requests))) as pool:
@@ -139,10 +152,11 @@ def _scrape(client: httpx.Client, url: str, headers: dict) -> tuple[float, dict 
 def _note_state(deployment: Deployment, kind: str, message: str) -> None:
     """Log a deployment's scrape failing, or answering again, once per change of state: an
     engine that is down stays down for many polls a second apart."""
-    before = _failing.get(deployment.pk, "")
-    if kind == before:
-        return
-    _failing[deployment.pk] = kind
+    with _lock:
+        before = _failing.get(deployment.pk, "")
+        if kind == before:
+            return
+        _failing[deployment.pk] = kind
     if kind:
         log.warning("signals of %s: %s", deployment.name, message[:300])
     else:
@@ -162,19 +176,38 @@ def _history(deployment_ids: list[int]) -> dict[int, list[tuple[float, dict]]]:
     ]
     # A cached entry counts only for the very row it was read from: SQLite hands a deleted
     # row's id to the next one once the table has emptied.
-    unseen = [t for pk, dep, t in rows if _snapshots.get(pk, (None, None))[:2] != (dep, t)]
+    with _lock:
+        known = {
+            pk: entry
+            for pk, dep, t in rows
+            if (entry := _snapshots.get(pk)) is not None and entry[:2] == (dep, t)
+        }
+    unseen = [t for pk, _, t in rows if pk not in known]
+    fresh: dict[int, tuple[int, float, dict]] = {}
     if unseen:
         # From the oldest unseen row on: no long IN list, and usually just the newest rows.
-        fresh = window.filter(time__gte=datetime.fromtimestamp(min(unseen), UTC)).order_by()
-        for pk, dep, t, snap in fresh.values_list("pk", "deployment_id", "time", "snapshot"):
-            _snapshots[pk] = (dep, t.timestamp(), snap)
+        rows_since = window.filter(time__gte=datetime.fromtimestamp(min(unseen), UTC)).order_by()
+        for pk, dep, t, snap in rows_since.values_list("pk", "deployment_id", "time", "snapshot"):
+            fresh[pk] = (dep, t.timestamp(), snap)
     in_window = {pk for pk, _, _ in rows}
-    for pk in [pk for pk in _snapshots if pk not in in_window]:
-        del _snapshots[pk]
+    polled, oldest = set(deployment_ids), since.timestamp()
+    with _lock:
+        _snapshots.update(fresh)
+        # Out of this poll's window: older than any poll looks back, or gone from the
+        # database. Other deployments' rows are another poll's business (unless too old).
+        stale = [
+            pk
+            for pk, (dep, t, _) in _snapshots.items()
+            if t < oldest or (dep in polled and pk not in in_window)
+        ]
+        for pk in stale:
+            _snapshots.pop(pk, None)
+    found = {**known, **fresh}
     history: dict[int, list[tuple[float, dict]]] = {}
     for pk in in_window:
-        dep, t, snap = _snapshots[pk]
-        history.setdefault(dep, []).append((t, snap))
+        if pk in found:  # a row written after this poll's first query is the next poll's
+            dep, t, snap = found[pk]
+            history.setdefault(dep, []).append((t, snap))
     for snaps in history.values():
         snaps.sort(key=lambda item: item[0])
     return history

@@ -28,6 +28,7 @@ from django.core.cache import cache
 from django.db.models import Max, Q
 from django.utils import timezone
 
+from benchmarks.evidence import usable_as_evidence
 from benchmarks.models import BenchmarkRun, RunPoint
 from changes.choices import TrialState
 from changes.models_sweeps import SweepTrial
@@ -75,6 +76,8 @@ class ScalingState:
     engine_start_s: float = GUESS_SECONDS
     engine_start_basis: str = ""
     evidence_points: int = 0
+    # Runs left out of the capacity evidence, in words ("run #12 is client-limited: …").
+    refused_runs: list[str] = field(default_factory=list)
 
     @property
     def thresholds(self):
@@ -103,6 +106,7 @@ class ScalingState:
             "engine_start_s": self.engine_start_s,
             "engine_start_basis": self.engine_start_basis,
             "evidence_points": self.evidence_points,
+            "refused_runs": list(self.refused_runs),
         }
 
 
@@ -146,7 +150,7 @@ def _states(deployments) -> list[ScalingState]:
         config, slo = policies[d.pk]
         start_s, start_basis = starts[d.pk]
         config = PolicyConfig(**{**config.as_dict(), "engine_start_s": start_s})
-        profile_id, profile_name, load_points = points[d.pk]
+        profile_id, profile_name, load_points, refused = points[d.pk]
         capacity = capacity_at_slo(load_points, slo)
         signals, age, note = _fresh(newest.get(d.pk), now)
         group = groups.get((d.model, d.engine), [])
@@ -179,6 +183,7 @@ def _states(deployments) -> list[ScalingState]:
                 engine_start_s=start_s,
                 engine_start_basis=start_basis,
                 evidence_points=len(load_points),
+                refused_runs=refused,
             )
         )
     return states
@@ -301,10 +306,11 @@ def _config_key(settings_: dict, model: str) -> str:
     return json.dumps([settings_ or {}, model], sort_keys=True, default=str)
 
 
-def _evidence(rows: list[Deployment], policies) -> dict[int, tuple[int | None, str, list]]:
-    """Per deployment: (profile id, profile name, load points) from its runs and sweep
-    trials on the running config."""
-    out: dict[int, tuple[int | None, str, list]] = {d.pk: (None, "", []) for d in rows}
+def _evidence(rows: list[Deployment], policies) -> dict[int, tuple[int | None, str, list, list]]:
+    """Per deployment: (profile id, profile name, load points, refused runs in words) from its
+    runs and sweep trials on the running config; a client-limited run
+    (``benchmarks.evidence``) is no load point."""
+    out: dict[int, tuple[int | None, str, list, list]] = {d.pk: (None, "", [], []) for d in rows}
     running = {
         d.pk: _config_key(d.active_config.settings, d.active_config.model or d.model)
         for d in rows
@@ -332,9 +338,15 @@ def _evidence(rows: list[Deployment], policies) -> dict[int, tuple[int | None, s
         )
         .order_by("-finished_at", "-pk")
         .values_list(
-            "pk", "deployment_id", "load_profile_id", "load_profile__name", "load_profile__version"
+            "pk",
+            "deployment_id",
+            "load_profile_id",
+            "load_profile__name",
+            "load_profile__version",
+            "client_health",
         )
     )
+    refusals = {r[0]: usable_as_evidence(r[5]).refusal for r in runs}
     trials = _trials(list(running), running, models)
     profiles: dict[int, tuple[int, str]] = {}
     for d in rows:
@@ -351,7 +363,17 @@ def _evidence(rows: list[Deployment], policies) -> dict[int, tuple[int | None, s
         elif mine:
             profiles[d.pk] = (mine[0][2], f"{mine[0][3]} v{mine[0][4]}")
     chosen_ids = {
-        pk: [r[0] for r in runs if r[1] == pk and r[2] == profile_id][:MAX_RUNS]
+        pk: [r[0] for r in runs if r[1] == pk and r[2] == profile_id and not refusals[r[0]]][
+            :MAX_RUNS
+        ]
+        for pk, (profile_id, _) in profiles.items()
+    }
+    refused = {
+        pk: [
+            f"run #{r[0]} is {refusals[r[0]]}"
+            for r in runs
+            if r[1] == pk and r[2] == profile_id and refusals[r[0]]
+        ][:MAX_RUNS]
         for pk, (profile_id, _) in profiles.items()
     }
     whole = BenchmarkRun.objects.select_related("load_profile").only(
@@ -381,7 +403,7 @@ def _evidence(rows: list[Deployment], policies) -> dict[int, tuple[int | None, s
                 point = _trial_point(trial, used)
                 if point is not None:
                     points.append(point)
-        out[pk] = (profile_id, name, points)
+        out[pk] = (profile_id, name, points, refused.get(pk, []))
     return out
 
 

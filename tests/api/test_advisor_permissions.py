@@ -11,7 +11,8 @@ from changes.advisor.findings import WARNING
 from changes.models import Finding
 from tests.factories import make_deployment
 
-pytestmark = pytest.mark.django_db
+# The role matrix: its personas are made once for the module.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("shared_personas")]
 
 READ, DISMISS = "read", "dismiss"
 ALLOWED = {

@@ -15,7 +15,8 @@ from controlpanel.models import AuditEntry
 from hosts.models import EngineOperation
 from tests.factories import make_config, make_deployment, make_host
 
-pytestmark = pytest.mark.django_db
+# The role matrix: its personas are made once for the module.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("shared_personas")]
 
 ALL = {"viewer", "operator", "approver", "admin"}
 OPERATORS = {"operator", "approver", "admin"}

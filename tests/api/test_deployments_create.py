@@ -56,6 +56,20 @@ def test_operator_creates_a_deployment(token_for, operator, host):
     assert entry.actor == operator and entry.via == "token deployer"
 
 
+def test_code_loading_options_need_an_admin_as_in_a_change(token_for, operator, admin, host):
+    # The rule a change meets (hosts.services.code_loading): 403 for an Operator, nothing made.
+    loads_code = body(host, settings={"trust_remote_code": True})
+    refused = token_for(operator, "deployer").post(URL, loads_code, format="json")
+    assert refused.status_code == 403, refused.content
+    assert "--trust-remote-code" in refused.json()["detail"]
+    assert "only an Admin" in refused.json()["detail"]
+    assert not Deployment.objects.filter(name="llama").exists()
+    made = token_for(admin, "admin-deployer").post(URL, loads_code, format="json")
+    assert made.status_code == 201, made.content
+    deployment = Deployment.objects.get(pk=made.json()["id"])
+    assert deployment.configs.get().settings["trust_remote_code"] is True
+
+
 def test_refusals_are_problem_details_by_field(token_for, operator, host):
     other = make_deployment(host, name="busy", port=8100)
     other.gpus.set([host.gpus.get(index=1)])

@@ -13,7 +13,8 @@ from benchmarks.models import Price
 from controlpanel.services import audit
 from tests.factories import make_config, make_deployment, make_gpu, make_host, make_profile
 
-pytestmark = pytest.mark.django_db
+# The role matrix: its personas are made once for the module.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("shared_personas")]
 
 ROLES = ["viewer", "operator", "approver", "admin"]
 ENDPOINTS = [

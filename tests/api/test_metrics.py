@@ -91,6 +91,17 @@ def test_bad_token_is_401_and_counted_by_the_throttle(db, settings):
     assert throttled["Retry-After"] == str(settings.API_TOKEN_FAILURE_WINDOW)
 
 
+def test_a_good_token_still_scrapes_from_an_address_that_sent_bad_ones(
+    db, settings, token_for, viewer
+):
+    # Scrapers behind one NAT: one of them guessing does not lock the others out.
+    settings.API_TOKEN_FAILURE_LIMIT = 1
+    bad = bearer(TOKEN_PREFIX + "y" * 43)
+    assert bad.get("/metrics").status_code == 401
+    assert bad.get("/metrics").status_code == 429
+    assert token_for(viewer, "scraper").get("/metrics").status_code == 200
+
+
 def test_revoked_token_is_401(token_for, viewer):
     from api.models import ApiToken
 

@@ -14,7 +14,8 @@ from benchmarks.models_quality import ProbeRun, ProbeSet
 from tests.benchmarks.test_probe_pages import item, make_probe_run, make_probe_set
 from tests.factories import make_deployment
 
-pytestmark = pytest.mark.django_db
+# The role matrix: its personas are made once for the module.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("shared_personas")]
 
 READ, START, CANCEL = "read", "start", "cancel"
 ALLOWED = {
@@ -181,7 +182,8 @@ def test_compare(viewer, token_for, world):
     assert data["baseline"] == world["baseline"].pk and data["candidate"] == world["run"].pk
     assert data["max_loss"] == 0.05 and data["groups"][0]["key"] == "overall"
     assert [c["id"] for c in data["changed"]] == ["ko-1"]
-    assert data["verdict"] in ("loss", "no loss", "cannot tell")
+    assert data["verdict"] in ("loss", "no loss", "no significant loss", "cannot tell")
+    assert data["text"] == f"{data['verdict']}: {data['reason']}"
     assert api.get(url).status_code == 400  # baseline is required
     assert api.get(url, {"baseline": 999999}).status_code == 400
     assert api.get(url, {"baseline": world["baseline"].pk, "max_loss": 2}).status_code == 400

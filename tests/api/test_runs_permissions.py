@@ -10,7 +10,8 @@ from rest_framework.test import APIClient
 from benchmarks.models import BenchmarkRun
 from tests.factories import make_deployment, make_finished_run, make_profile, make_run
 
-pytestmark = pytest.mark.django_db
+# The role matrix: its personas are made once for the module.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("shared_personas")]
 
 READ, START, CANCEL = "read", "start", "cancel"
 # role → what it may do (benchmarks.view / add / change_benchmarkrun, as the pages ask).

@@ -15,7 +15,8 @@ from tests.api.test_schema import validate
 from tests.factories import make_profile
 from tests.scaling.test_state import STAGED, running, sample, staged_run
 
-pytestmark = pytest.mark.django_db
+# The role matrix: its personas are made once for the module.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("shared_personas")]
 ROLES = ["viewer", "operator", "approver", "admin"]
 
 

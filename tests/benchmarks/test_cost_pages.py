@@ -29,6 +29,17 @@ PER_M_OUTPUT = 0.542534722222222
 PER_REQUEST = 6.944444444444444e-05
 
 
+@pytest.fixture(autouse=True)
+def one_profile(monkeypatch):
+    """Every run of a test measures one load profile: the page ranks one profile's runs only
+    (those of another are listed, not ranked; test_cost_profiles.py)."""
+    from tests import factories
+
+    shared = factories.make_profile()
+    monkeypatch.setattr(factories, "make_profile", lambda *a, **kw: shared)
+    return shared
+
+
 def cost_page(client, user, **params):
     client.force_login(user)
     response = client.get(reverse("cost"), params)
@@ -167,9 +178,13 @@ def test_error_rate_slo(client, viewer):
     steady = make_finished_run(label="steady", error_rate=0.0)
     flaky.deployment.host.hourly_price = Decimal("1.00")
     flaky.deployment.host.save()
-    assert cost_page(client, viewer).context["report"].cheapest["run"] == flaky
-    report = cost_page(client, viewer, max_error_rate_pct="1").context["report"]
-    assert report.cheapest["run"] == steady
+    # Errors count by default (1 %), shown on the page; an emptied field counts none.
+    response = cost_page(client, viewer)
+    assert response.context["report"].cheapest["run"] == steady
+    assert "error rate ≤ 1 %" in response.content.decode()
+    assert "error rate 5 % &gt; 1 %" in response.content.decode()
+    report = cost_page(client, viewer, max_error_rate_pct="").context["report"]
+    assert report.cheapest["run"] == flaky
 
 
 def test_rank_by_output_tokens(client, viewer):
@@ -215,7 +230,9 @@ def test_no_run_meets_the_slo(client, viewer):
     make_finished_run(ttft_p95_ms=900.0)
     response = cost_page(client, viewer, slo_ttft_p95_ms="500")
     assert response.context["report"].cheapest is None
-    assert "No run priced in USD meets p95 TTFT ≤ 500 ms" in response.content.decode()
+    page = " ".join(response.content.decode().split())
+    assert "No run of profile" in page
+    assert "priced in USD meets p95 TTFT ≤ 500 ms and error rate ≤ 1 %" in page
 
 
 # --- charts and formulas --------------------------------------------------------------------

@@ -30,7 +30,7 @@ from tests.factories import (
     make_profile,
 )
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 LIST = reverse("benchmarks:list")
 COMPARE = reverse("benchmarks:compare")

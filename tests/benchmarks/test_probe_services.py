@@ -15,7 +15,7 @@ from benchmarks.services import probes
 from benchmarks.services import runs as benchmark_runs
 from tests.factories import make_deployment, make_profile
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 GOOD = {
     "id": "q1",
@@ -112,16 +112,16 @@ def test_a_changes_verdict_says_exactly_what_was_shown():
             group("json/ko", 16, 0.9, 0.7, "loss", p=0.03),
         ]
     }
-    verdict = probes.change_verdict(loss)
+    verdict = probes.quality_verdict(loss)
     assert verdict["verdict"] == "loss" and "ko 72% → 62%" in verdict["reason"]
     assert "json/ko" not in verdict["reason"]  # crossings inform, they do not decide
     fine = {"groups": [group("overall", 274, 0.80, 0.80, "cannot tell", ci=(-0.01, 0.014))]}
-    verdict = probes.change_verdict(fine)
+    verdict = probes.quality_verdict(fine)
     assert verdict["verdict"] == "no significant loss" and "1.4 pp" in verdict["reason"]
     proven = {"groups": [group("overall", 274, 0.8, 0.8, "no loss")]}
-    assert probes.change_verdict(proven)["verdict"] == "no loss"
+    assert probes.quality_verdict(proven)["verdict"] == "no loss"
     few = {"groups": [group("overall", 12, 0.8, 0.8, "cannot tell")]}
-    assert probes.change_verdict(few)["verdict"] == "cannot tell"
+    assert probes.quality_verdict(few)["verdict"] == "cannot tell"
 
 
 def test_the_knowledge_file_holds_questions_and_answers_only(tmp_path):

@@ -232,7 +232,7 @@ def test_describe_reads_as_one_line():
     )
     assert text == (
         "low: 4 concurrent, 40 req; peak: 2.5 req/s, 60 s · 100–200→~200 (sampled) tokens, "
-        "500-token shared prefix on 25%, SLO ttft≤500ms"
+        "+ 500-token shared prefix on 25%, SLO ttft≤500ms"
     )
     assert P.describe({"bogus": 1}).startswith("invalid: profile: unknown field(s) bogus")
 
@@ -279,7 +279,7 @@ def test_export_and_read_back():
     exported = P.export_document("Chat", "desc", spec)
     assert exported == {
         "format": "llm-control-panel/load-profile",
-        "version": 1,
+        "version": 2,
         "name": "Chat",
         "description": "desc",
         "spec": spec,
@@ -294,8 +294,8 @@ def test_export_and_read_back():
         ({"name": "x", "spec": {}}, "no format field"),
         ({"format": "vllm-bench", "name": "x", "spec": {}}, "format 'vllm-bench'"),
         (
-            {"format": "llm-control-panel/load-profile", "version": 2, "name": "x", "spec": {}},
-            "version 2",
+            {"format": "llm-control-panel/load-profile", "version": 3, "name": "x", "spec": {}},
+            "version 3",
         ),
         (
             {"format": "llm-control-panel/load-profile", "version": 1, "name": " ", "spec": {}},

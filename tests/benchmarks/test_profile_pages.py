@@ -16,7 +16,7 @@ from benchmarks.models import LoadProfile
 from controlpanel.models import AuditEntry
 from tests.factories import make_deployment, make_profile, make_run
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 SPEC = {
     "endpoint": "/v1/chat/completions",
@@ -349,7 +349,7 @@ def test_export_import_round_trip(client, operator):
     response = client.get(reverse("benchmarks:profile_export", args=[original.pk]))
     assert response["Content-Disposition"] == 'attachment; filename="chat-v1.json"'
     exported = json.loads(response.content)
-    assert exported["format"] == "llm-control-panel/load-profile" and exported["version"] == 1
+    assert exported["format"] == "llm-control-panel/load-profile" and exported["version"] == 2
     assert (exported["name"], exported["description"]) == ("Chat", "shared")
 
     upload = SimpleUploadedFile("chat-v1.json", response.content, "application/json")

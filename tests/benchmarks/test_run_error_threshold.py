@@ -11,10 +11,15 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from benchmarks.evidence import usable_as_evidence
 from benchmarks.models import BenchmarkRun
 from benchmarks.services import runs
 from benchmarks.services.points import PointSink
-from benchmarks.services.results import error_rate_limit, error_threshold_problem
+from benchmarks.services.results import (
+    error_rate_limit,
+    error_rate_problem,
+    error_threshold_problem,
+)
 from tests.benchmarks.loadgen.conftest import FixedServer
 from tests.factories import (
     make_config,
@@ -179,7 +184,11 @@ def test_a_run_within_its_limit_succeeds(test_server, window, operator):
     deployment = deployment_at(server.port, "fixed-latency")
     run = execute(runs.start_benchmark(operator, deployment, profile(40)))
     assert (run.completed, run.failed) == (32, 8) and run.status == "succeeded"
-    assert error_threshold_problem(run) is None
+    assert error_rate_problem(run) is None
+    # Whether it is evidence also asks whether its client kept up with the server's 1 ms token
+    # gaps (benchmarks.evidence), which a busy machine may not: then it says client-limited.
+    if not usable_as_evidence(run).limited:
+        assert error_threshold_problem(run) is None
 
 
 def test_a_succeeded_run_within_its_limit_is_usable_for_a_verdict():

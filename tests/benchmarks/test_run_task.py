@@ -4,6 +4,7 @@ breaks, GPU readings the run refreshes itself, and a replay profile end to end."
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from datetime import timedelta
 from unittest import mock
 
@@ -241,7 +242,9 @@ def stale_gpu(host, **kw):
 def agent(monkeypatch):
     def use(gpus):
         transport = FakeTransport(gpus)
-        monkeypatch.setattr("hosts.services.telemetry.poll_transport", lambda host: transport)
+        monkeypatch.setattr(
+            "hosts.services.telemetry.poll_transport", lambda host: nullcontext(transport)
+        )
         monkeypatch.setattr("hosts.services.telemetry.transport_for", lambda host: transport)
         return transport
 

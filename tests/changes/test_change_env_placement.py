@@ -173,6 +173,9 @@ def test_a_refused_variable_is_said_with_the_policy_words(
         ("0", "7-3", "cpus", "CPU range '7-3' runs backwards"),
         ("0", "0-15;rm", "cpus", "expected a CPU list like 0-15,32-47"),
         ("0", "a,b", "cpus", "expected a CPU list like 0-15,32-47"),
+        # Refused by its ends, before anything is expanded (it once took 16 GB of memory).
+        ("0", "0-999999", "cpus", "CPU 999999 in '0-999999' is beyond the largest CPU number"),
+        ("0", "0-9999999999", "cpus", "expected a CPU list like 0-15,32-47"),
         ("3", "", "numa_node", "numa-host has no NUMA node 3: it has nodes 0, 1"),
         ("1", "16-31,40-47", "cpus", "numa-host has no CPU 40-47: it has CPUs 0-31"),
         ("-1", "", "numa_node", "expected a NUMA node number >= 0"),
@@ -339,6 +342,7 @@ def test_a_placement_key_left_out_keeps_its_running_value(operator, deployment):
         ({"env": {"A\nB": "1"}}, "env.A\nB", "invalid variable name"),
         ({"placement": {"numa_node": 5}}, "placement.numa_node", "no NUMA node 5: it has nodes"),
         ({"placement": {"cpus": "3-1"}}, "placement.cpus", "runs backwards"),
+        ({"placement": {"cpus": "0-999999"}}, "placement.cpus", "beyond the largest CPU"),
         ({"placement": {"cpus": "0-99"}}, "placement.cpus", "has no CPU 32-99"),
         ({"placement": {"node": 1}}, "placement", "Unknown field"),
         ({"env": ["NCCL_DEBUG"]}, "env", "dictionary"),
@@ -387,7 +391,7 @@ def host(monkeypatch, settings):
     fake = RecordingHost()
     monkeypatch.setattr("hosts.services.operations.transport_for", lambda h, d=None: fake)
     monkeypatch.setattr("hosts.services.transports.transport_for", lambda h, d=None: fake)
-    monkeypatch.setattr("changes.services.verification.health_problem", lambda d: None)
+    monkeypatch.setattr("changes.services.verification.health_problem", lambda d, c=None: None)
     return fake
 
 

@@ -136,3 +136,24 @@ def test_apply_leaves_no_flash_that_could_outlive_the_state(client, operator, ap
     assert list(get_messages(response.wsgi_request)) == []
     block, _ = top(client, ChangeRequest.objects.get(pk=approved.pk))
     assert "Applying:" in block  # the state says it instead, for as long as it is true
+
+
+def test_an_extra_verification_run_shows_in_the_progress_block(client, operator, approved):
+    """Issue 37: when the noise is too wide to judge, the compare step measures again; the
+    block says which extra run of the change's budget runs, with its progress."""
+    change, _ = verifying(approved, operator, status="succeeded", progress=1.0)
+    extra = make_run(
+        change.deployment,
+        load_profile=change.verify_profile,
+        status="running",
+        started_at=timezone.now() - timedelta(seconds=10),
+        planned_duration_s=70.0,
+        progress=0.5,
+    )
+    change.extra_runs.add(extra)
+    ChangeRequest.objects.filter(pk=change.pk).update(stage="compare")
+    client.force_login(operator)
+    block, _ = top(client, ChangeRequest.objects.get(pk=change.pk))
+    assert "Compare with baseline" in block
+    assert "Extra verification (1 of up to 2) benchmark" in block
+    assert extra.get_absolute_url() in block and "50 %" in block

@@ -23,7 +23,7 @@ from changes.services import diagnosis
 from controlpanel.models import AuditEntry
 from tests.factories import make_config, make_deployment, make_host
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 SEEN: list[Found] = []
 

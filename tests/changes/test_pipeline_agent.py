@@ -92,6 +92,8 @@ def stages(change) -> list[tuple[str, str]]:
     ]
 
 
+# The verification compares two real-time runs (limit +100 %): the machine must keep time.
+@pytest.mark.timing
 def test_a_good_change_is_applied_and_verified(fleet, operator, approver):
     deployment = fleet
     before = deployment.active_config
@@ -109,7 +111,8 @@ def test_a_good_change_is_applied_and_verified(fleet, operator, approver):
     )
     change = apply_inline(operator, change)
     # When that noise (p95 TTFT of tens of ms, 48 requests) straddles even a +100 % limit,
-    # the verdict says it cannot tell (applied, not verified) instead of rolling back on it.
+    # the pipeline measures again (up to the change's budget of extra runs), then says it
+    # cannot judge (applied, not verified) instead of rolling back on it.
     verified = change.comparison.get("outcome") == "verified"
     end = "applied" if verified else "unverified"
     assert change.state == end, (change.outcome, stages(change))
@@ -135,9 +138,13 @@ def test_a_good_change_is_applied_and_verified(fleet, operator, approver):
         ("verify", "started"),
         ("verify", "succeeded"),
         ("compare", "started"),
+        # When the noise band spans a limit, extra verification runs (the change's budget)
+        # before the verdict (issue 37).
+        *[("compare", "started"), ("compare", "succeeded")] * change.extra_runs.count(),
         ("compare", "succeeded" if verified else "inconclusive"),
         ("done", "succeeded" if verified else "inconclusive"),
     ]
+    assert change.extra_runs.count() <= change.max_extra_runs
     baseline, verification = change.baseline_run, change.verification_run
     assert baseline.engine_config == before and verification.engine_config == change.applied_config
     assert baseline.completed == verification.completed == 48

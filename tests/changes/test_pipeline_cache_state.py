@@ -87,7 +87,7 @@ def engine(monkeypatch, settings):
     fake = CachingEngine()
     monkeypatch.setattr("hosts.services.operations.transport_for", lambda h, d=None: fake)
     monkeypatch.setattr("hosts.services.transports.transport_for", lambda h, d=None: fake)
-    monkeypatch.setattr(verification, "health_problem", lambda deployment: None)
+    monkeypatch.setattr(verification, "health_problem", lambda deployment, config=None: None)
     monkeypatch.setattr(verification, "run_benchmark", fake.run_benchmark)
     return fake
 

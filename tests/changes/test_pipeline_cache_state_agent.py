@@ -109,6 +109,7 @@ def hit_rate(run) -> float:
     return run.server["prefix_cache_hit_rate"]
 
 
+@pytest.mark.timing
 def test_a_warm_engine_no_longer_fails_a_harmless_change(operator, approver, deployment, profile):
     earlier_run(operator, deployment, profile)
     warm = earlier_run(operator, deployment, profile)

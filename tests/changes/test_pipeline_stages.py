@@ -20,7 +20,7 @@ from hosts.models import EngineConfig, EngineOperation
 from hosts.transport.base import ApplyOutcome
 from tests.factories import make_config, make_deployment, make_finished_run, make_host, make_profile
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 GOOD_NUMBERS = {"ttft_p95_ms": 300.0, "itl_p95_ms": 20.0, "error_rate": 0.0}
 
@@ -96,7 +96,9 @@ def host(monkeypatch, settings):
 def health(monkeypatch):
     answers: list = []
     monkeypatch.setattr(
-        verification, "health_problem", lambda deployment: answers.pop(0) if answers else None
+        verification,
+        "health_problem",
+        lambda deployment, config=None: answers.pop(0) if answers else None,
     )
     return answers
 
@@ -341,7 +343,7 @@ def test_a_rollback_asked_before_the_apply_finds_nothing_to_restart(
 def test_a_rollback_the_host_refuses_leaves_the_change_failed_and_says_so(
     operator, approver, deployment, host, health, bench, monkeypatch
 ):
-    def busy_meanwhile(deployment):
+    def busy_meanwhile(deployment, config=None):
         # Someone else's restart started between the apply and the health check.
         EngineOperation.objects.create(
             deployment=deployment, kind="restart", config=deployment.active_config, status="queued"
@@ -365,7 +367,7 @@ def test_resume_after_a_worker_died_in_the_health_check(
 ):
     change = applying(operator, approver, deployment)
 
-    def die(deployment):
+    def die(deployment, config=None):
         raise SystemExit("worker killed")
 
     with mock.patch.object(verification, "health_problem", die):

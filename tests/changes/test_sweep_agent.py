@@ -87,6 +87,7 @@ def started(operator, sweep) -> list[int]:
     return [call.args[1] for call in queued.call_args_list]
 
 
+@pytest.mark.timing
 def test_a_sweep_measures_its_trials_and_restores_the_config(operator, deployment):
     original = deployment.active_config
     sweep = made(operator, deployment)

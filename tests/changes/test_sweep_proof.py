@@ -49,6 +49,7 @@ def key(trial) -> tuple:
     return tuple(sorted(trial.settings.items()))
 
 
+@pytest.mark.timing
 def test_a_third_of_the_grid_finds_a_config_within_5_percent_of_the_best(operator, deployment):
     profile = make_profile(spec=LOAD)
     grid = run_sweep(operator, deployment, profile, max_trials=GRID_POINTS + 1)

@@ -19,7 +19,7 @@ from changes.services import sweep_prediction, sweep_trials, sweeps
 from hosts.services import occupancy
 from tests.factories import make_config, make_host, make_profile, make_sim_deployment
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 BASE = {"gpu_memory_utilization": 0.9, "max_model_len": 8192, "max_num_seqs": 4}
 LOAD = {

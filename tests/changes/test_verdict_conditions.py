@@ -115,11 +115,12 @@ def test_without_a_hit_rate_the_cache_state_decides():
 
 
 def test_kv_use_is_shown_but_never_refuses_a_verdict():
-    """A memory or batching change moves KV use by design."""
-    result = judge(COLD, {**COLD, "kv_cache_usage_max": 0.95})
+    """A memory or batching change moves KV use by design (up to saturation, a hard guard:
+    ``test_verdict_cannot_judge.py``)."""
+    result = judge(COLD, {**COLD, "kv_cache_usage_max": 0.9})
     assert result["outcome"] == "verified"
     kv = next(row for row in result["conditions"] if row["key"] == "kv_cache_usage_max")
-    assert (kv["baseline"], kv["after"]) == (0.3, 0.95)
+    assert (kv["baseline"], kv["after"]) == (0.3, 0.9)
 
 
 def test_too_few_requests_cannot_tell_a_p95():
@@ -168,8 +169,8 @@ def test_a_difference_within_the_noise_cannot_tell_either_way():
     result = judge(COLD, COLD, verification=slow, noise=noisy)
     assert result["outcome"] == "inconclusive" and not result["regressed"]
     ttft = next(c for c in result["checks"] if c["metric"] == "ttft_p95_ms")
-    assert ttft["ok"] is None and ttft["note"].startswith("within run-to-run noise")
-    assert "within run-to-run noise" in verdict.verdict_text(result)
+    assert ttft["ok"] is None and ttft["note"].startswith("cannot judge: run-to-run noise")
+    assert "cannot judge TTFT p95: run-to-run noise" in verdict.verdict_text(result)
     # +10 % is no pass either when the band reaches past the limit.
     near = {**NUMBERS, "ttft_p95_ms": 440.0}
     result = judge(

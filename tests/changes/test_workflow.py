@@ -143,6 +143,44 @@ def test_production_hosts_need_two_approvals(operator, approver, admin, deployme
     assert change.state == "approved"
 
 
+def test_a_host_labelled_production_after_the_proposal_needs_two_approvals(
+    operator, approver, admin, deployment
+):
+    # Approved with one; then an Admin labels the host production: applying is refused, the
+    # change goes back to review, and a second approval lets it through (issue 38).
+    change = propose(operator, deployment)
+    assert change.required_approvals == 1
+    review.approve_change(approver, change)
+    change.refresh_from_db()
+    assert change.state == "approved"
+    deployment.host.labels = {"env": "production"}
+    deployment.host.save()
+    with mock.patch("changes.tasks.apply_change.apply_async") as task:
+        with pytest.raises(
+            rules.ChangeRefused, match="labelled production now: the change needs 2"
+        ):
+            change_apply.apply_change(operator, change)
+    task.assert_not_called()
+    change.refresh_from_db()
+    assert change.state == "pending" and change.required_approvals == 2
+    assert "change.approvals_required" in entries(change)
+    review.approve_change(admin, change)
+    change.refresh_from_db()
+    assert change.state == "approved"
+
+    # Labelled before the first approval: that approval alone does not approve it.
+    other = propose(operator, deployment, settings={"max_num_seqs": 96})
+    deployment.host.labels = {}
+    deployment.host.save()
+    other.required_approvals = 1
+    other.save(update_fields=["required_approvals"])
+    deployment.host.labels = {"env": "production"}
+    deployment.host.save()
+    review.approve_change(approver, other)
+    other.refresh_from_db()
+    assert other.state == "pending" and other.required_approvals == 2
+
+
 def test_withdraw_only_by_proposer_or_admin(operator, approver, admin, deployment):
     change = propose(operator, deployment)
     with pytest.raises(PermissionDenied):

@@ -11,7 +11,7 @@ from asgiref import sync
 from django.conf import settings
 from django.test import AsyncClient
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.sqlite]
 
 
 def test_the_onethread_middleware_is_innermost():

@@ -12,6 +12,9 @@ from benchmarks.models import Price, RunRequestLog
 from hosts.models import EngineOperation
 from tests.factories import make_config, make_deployment, make_finished_run, make_host
 
+# The role matrix: its personas are made once for the module.
+pytestmark = pytest.mark.usefixtures("shared_personas")
+
 ALL = ["viewer", "operator", "approver", "admin"]
 OPERATORS = ["operator", "approver", "admin"]
 

@@ -5,6 +5,8 @@ from django.contrib.auth.models import Group, Permission
 
 from controlpanel.roles import ROLES, role_names, sync_roles
 
+pytestmark = pytest.mark.sqlite
+
 
 def codenames(group_name):
     return {

@@ -108,11 +108,14 @@ class Panel:
 
 
 @pytest.fixture
-def panel(tmp_path):
-    """`make run` on a free port with its own var/ (SQLite, no Redis, no PostgreSQL)."""
+def panel(request, tmp_path):
+    """`make run` on a free port with its own var/ (SQLite, no Redis, no PostgreSQL). Its
+    database comes with the migrations applied (as on a second `make run`), unless the module
+    says ``FIRST_RUN = True``: then var/ starts empty, as on a new machine."""
     port = free_port()
     var_dir = tmp_path / "var"
-    env = demo_env(var_dir)
+    first_run = getattr(request.module, "FIRST_RUN", False)
+    env = demo_env(var_dir, None if first_run else request.getfixturevalue("migrated_sqlite"))
     venv = Path(sys.executable).parent.parent
     if shutil.which("make") and (venv / ".installed").exists():
         cmd = ["make", "--no-print-directory", "run", f"PORT={port}", f"VENV={venv}"]

@@ -61,15 +61,15 @@ def assert_no_gap(page):
             break
         page.wait_for_timeout(500)
     assert cover["chart"] == cover["stored"], cover
-    assert cover["hole"] <= 2, cover
+    # The server stores a point a second; on a starved machine one may come a second or so
+    # late (2.5 s seen). The outage below is longer: left unfilled, it would show here too.
+    assert cover["hole"] <= 3.5, cover
     return cover
 
 
 def drop_the_socket(page, panel):
     """Close the run's WebSocket and hold reconnects off for a few seconds (as a network
     outage would), then let it reconnect: the missed seconds must be backfilled."""
-    before = page.evaluate(f"() => {{ const x = {CHART}.data[1].x; return x[x.length - 1]; }}")
-    count = page.evaluate(POINTS)
     backfills = page.evaluate("() => window.__runLive.backfills")
     page.evaluate(
         """port => {
@@ -82,6 +82,11 @@ def drop_the_socket(page, panel):
         free_port(),
     )
     page.wait_for_selector("[data-run][data-live-connected=false]", timeout=5000)
+    # Counted once the socket is closed: a point already on its way when close() was asked
+    # (a busy machine) may still land before that; none can after (a closing WebSocket
+    # drops what it receives).
+    before = page.evaluate(f"() => {{ const x = {CHART}.data[1].x; return x[x.length - 1]; }}")
+    count = page.evaluate(POINTS)
     page.wait_for_timeout(4000)
     assert page.evaluate(POINTS) == count, "points arrived while the socket was down"
     page.evaluate("() => { window.WebSocket = window.__e2eWebSocket; }")

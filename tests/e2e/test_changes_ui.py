@@ -31,6 +31,8 @@ print(json.dumps({"profile": profile.pk, "deployment": deployment.pk,
 """
 
 
+# The verification compares two real-time runs (limit +20 %): the machine must keep time.
+@pytest.mark.timing
 def test_propose_approve_apply_and_watch_the_timeline(panel, browser):
     base = panel.url
     proposer = panel.new_session(browser, "operator")

@@ -341,6 +341,9 @@ def run_story(panel, browser, *, new_deployment: bool) -> None:
     assert errors == [], errors
 
 
+# Timing: its verdict compares two short real-time runs; with four workers loading the machine
+# the new-deployment story failed a CI run (issue 37: verdicts that know when they can't judge).
+@pytest.mark.timing
 @pytest.mark.parametrize("new_deployment", [True, False], ids=["new-deployment", "demo"])
 def test_full_story(panel, browser, new_deployment):
     run_story(panel, browser, new_deployment=new_deployment)

@@ -34,6 +34,8 @@ print(json.dumps({"profile": profile.pk, "deployment": deployment.pk,
 SWEEP_TIMEOUT_MS = 300000
 
 
+# The sweep measures real-time trials against an SLO: the machine must keep time.
+@pytest.mark.timing
 def test_tune_under_an_slo_and_propose_the_winner(panel, browser):
     base = panel.url
     page = panel.new_session(browser, "operator")

@@ -15,7 +15,7 @@ from changes.models_sweeps import Sweep
 from home.attention import attention, reviews_waiting
 from tests.factories import make_config, make_deployment, make_host, make_profile, make_run
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 
 def _deployment(name="chat"):

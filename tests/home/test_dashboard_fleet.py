@@ -14,7 +14,7 @@ from home.attention import SHOWN
 from home.views import CHART_HOSTS, DEPLOYMENTS_SHOWN
 from hosts.models import Deployment, Gpu, Host
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 
 def _fleet(n: int, *, start: int = 0, gpus: int = 8, status: str = "online") -> list[Host]:

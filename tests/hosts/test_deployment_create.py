@@ -253,6 +253,16 @@ def test_operator_creates_through_the_page(client, operator, host):
     assert "created, starting" in page
 
 
+def test_the_page_refuses_code_loading_options_to_an_operator(client, operator, host):
+    client.force_login(operator)
+    url = reverse("hosts:deployment_new", args=[host.pk])
+    response = client.post(url, form(flags="--trust-remote-code"))
+    assert response.status_code == 200
+    errors = " ".join(response.context["form"].errors["flags"])  # the field they were typed in
+    assert "--trust-remote-code" in errors and "only an Admin" in errors
+    assert not Deployment.objects.filter(host=host, name="llama").exists()
+
+
 def test_refusal_keeps_what_was_typed_and_shows_the_fit(client, operator, host):
     client.force_login(operator)
     response = client.post(

@@ -16,7 +16,7 @@ from hosts.models import Gpu, Host
 from hosts.services.fleet_list import PAGE_SIZE
 from tests.factories import make_deployment
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 URL = reverse("hosts:list")
 

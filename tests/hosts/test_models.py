@@ -8,7 +8,7 @@ from hosts.forms import HostForm
 from hosts.models import EngineConfig, Host
 from tests.factories import make_config, make_deployment, make_gpu, make_host, ssh_private_key
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 
 @pytest.mark.parametrize("address", ["gpu01.lab.example", "10.0.0.7", "::1", "[fe80::1]"])

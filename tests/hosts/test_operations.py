@@ -9,7 +9,7 @@ from hosts.models import EngineOperation
 from hosts.services import operations
 from tests.factories import make_config, make_deployment
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 
 def test_one_operation_at_a_time_per_deployment(operator):

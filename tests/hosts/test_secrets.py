@@ -11,7 +11,7 @@ from hosts.services import transports
 from hosts.transport.base import TransportError
 from tests.factories import make_host, ssh_private_key
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 
 def stored(host, column):

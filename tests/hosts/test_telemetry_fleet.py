@@ -19,7 +19,7 @@ from hosts.services.transports import forget_transport
 from tests.factories import make_gpu, make_host
 from tests.hosts.test_telemetry_store import reading
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 
 def two_gpu_hosts(n):

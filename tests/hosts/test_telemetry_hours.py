@@ -12,7 +12,7 @@ from hosts.models import GpuSampleHour, GpuSampleMinute
 from hosts.services import telemetry, telemetry_hours, telemetry_series
 from tests.factories import make_gpu, make_host
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 H = datetime(2026, 3, 2, 10, 0, 0, tzinfo=UTC)  # an hour's start
 

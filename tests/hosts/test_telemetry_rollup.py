@@ -16,7 +16,7 @@ from hosts.models_telemetry import THROTTLE_REASONS
 from hosts.services import telemetry, telemetry_sql
 from tests.factories import make_gpu, make_host
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 BASE = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

@@ -12,7 +12,7 @@ from hosts.models_telemetry import THROTTLE_REASONS
 from hosts.services import telemetry, telemetry_series
 from tests.factories import make_gpu, make_host
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 NOW = datetime(2026, 3, 2, 12, 0, 0, tzinfo=UTC)
 SW_POWER_CAP, HW_SLOWDOWN, HW_THERMAL, IDLE = 0x4, 0x8, 0x40, 0x1

@@ -10,7 +10,7 @@ from hosts.models import Deployment, Gpu, GpuSample, GpuSampleMinute
 from hosts.services import inventory, telemetry
 from tests.factories import make_config, make_deployment, make_host
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 INVENTORY = {
     "hostname": "gpu-box-7",

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
@@ -15,13 +13,25 @@ import redis
 from cryptography.fernet import Fernet
 from django.db import connection
 
-from tests.integration.processes import ROOT, Process
+from tests.integration.demo import manage
+from tests.integration.processes import Process
 
 APP_NAME = "integration-process"
 
 
+@pytest.fixture(scope="session")
+def collected_static(tmp_path_factory):
+    """What the Dockerfile does at build time (`collectstatic`: hashed and compressed files),
+    once per test process: the processes only read it."""
+    root = tmp_path_factory.mktemp("static")
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update({"SECRET_KEY": "integration-" + "k" * 50, "STATIC_ROOT": str(root)})
+    manage(env, "collectstatic", "--noinput", "-v0")
+    return root
+
+
 @pytest.fixture
-def production_env(postgres, redis_url, tmp_path):
+def production_env(postgres, redis_url, tmp_path, collected_static):
     """The environment compose gives the panel, pointed at the test database and Redis."""
     redis.Redis.from_url(redis_url).flushdb()
     db = connection.settings_dict
@@ -41,18 +51,10 @@ def production_env(postgres, redis_url, tmp_path):
             "VAR_DIR": str(tmp_path / "var"),
             "HOST_CHECK_INTERVAL_SECONDS": "0",
             "HOSTNAME": socket.gethostname(),
-            "STATIC_ROOT": str(tmp_path / "static"),
+            "STATIC_ROOT": str(collected_static),
             # libpq names the processes' sessions: the end of a test waits for them to close.
             "PGAPPNAME": APP_NAME,
         }
-    )
-    # What the Dockerfile does at build time.
-    subprocess.run(
-        [sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        timeout=180,
     )
     return env
 

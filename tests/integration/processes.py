@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import redis.exceptions
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,9 +107,11 @@ def run_healthcheck(service: str, env: dict) -> subprocess.CompletedProcess:
 def use_redis_channel_layer(settings, url: str) -> None:
     """This test process's channel layer on ``url``'s Redis, where the started processes
     publish (pytest-django's ``settings`` fixture restores it)."""
-    settings.CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [url]}}
-    }
+    from controlpanel.settings import redis_channel_layers
+
+    # The panel's own definition: with redis-py's default 5 s socket timeout, a receive that
+    # waits in channels_redis's 5 s blocking pop is cut off mid-read on a busy machine.
+    settings.CHANNEL_LAYERS = redis_channel_layers(url)
 
 
 async def group_events(
@@ -123,7 +126,9 @@ async def group_events(
     while loop.time() < deadline:
         try:
             message = await asyncio.wait_for(layer.receive(channel), timeout=5)
-        except TimeoutError:
+        except (TimeoutError, redis.exceptions.TimeoutError):
+            # redis-py turns a wait cut off mid-read into its own TimeoutError (not the
+            # builtin one): seen on a busy machine. The layer reconnects on the next receive.
             continue
         events.append(message)
         if on_event is not None:

@@ -43,9 +43,9 @@ print(json.dumps({r.run_id: {"current": r.config_current,
 
 
 @pytest.fixture
-def demo_panel(tmp_path):
+def demo_panel(tmp_path, migrated_sqlite):
     """`manage.py serve --demo` on free ports with its own var/; (url, env, process)."""
-    with demo.demo_panel(tmp_path) as started:
+    with demo.demo_panel(tmp_path, database=migrated_sqlite) as started:
         yield started
 
 
@@ -58,6 +58,8 @@ def client(url: str, env, username: str) -> httpx.Client:
     return httpx.Client(base_url=url + "/api/v1/", headers=headers, timeout=60)
 
 
+# Before/after verdicts on two real-time runs of the simulator: the machine must keep time.
+@pytest.mark.timing
 def test_a_finding_on_the_demo_becomes_a_verified_change_and_clears(demo_panel):
     url, env, panel = demo_panel
     operator, approver = client(url, env, "operator"), client(url, env, "approver")

@@ -31,6 +31,8 @@ PROFILE = {
 }
 
 
+# The verification compares two real-time runs (limit +100 %): the machine must keep time.
+@pytest.mark.timing
 def test_worker_applies_and_verifies_a_change_streaming_its_timeline(
     production_env,  # noqa: F811
     start,  # noqa: F811

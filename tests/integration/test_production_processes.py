@@ -58,6 +58,9 @@ def login(client: httpx.Client, username: str, password: str) -> None:
     assert response.status_code == 302 and response.headers["location"] == "/", response.text
 
 
+# "queued" (web process) must reach the socket before "running" (worker): two processes
+# racing, which a busy machine can reorder.
+@pytest.mark.timing
 def test_web_and_worker_commands_serve_check_and_stream_over_redis(
     production_env, start, listener, operator
 ):
@@ -77,7 +80,10 @@ def test_web_and_worker_commands_serve_check_and_stream_over_redis(
 
     # The supervisor and both workers yield the CPU to the telemetry poll (WEB_NICE).
     tier = psutil.Process(web.proc.pid)
-    assert {p.nice() for p in [tier, *tier.children(recursive=True)]} == {webserver.DEFAULT_NICE}
+    # (WEB_NICE is added to the niceness of what started the tier: `make test` may run this
+    # test itself at a lowered priority.)
+    lowered = min(19, psutil.Process().nice() + webserver.DEFAULT_NICE)
+    assert {p.nice() for p in [tier, *tier.children(recursive=True)]} == {lowered}
     assert len(tier.children(recursive=True)) >= 2
     autogroup = f"/proc/{tier.pid}/autogroup"  # a session of its own: its weight, too
     if os.getsid(tier.pid) == tier.pid and os.path.exists(autogroup):

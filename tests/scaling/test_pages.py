@@ -16,7 +16,7 @@ from scaling.models import EngineSample, ScalingPolicy
 from scaling.planning.types import Signals, Window
 from tests.factories import make_config, make_deployment, make_finished_run, make_profile
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -22,7 +22,7 @@ from tests.conftest import free_port
 from tests.factories import make_config, make_deployment, make_host
 from tests.hosts.simulator.conftest import LLAMA, QWEN, SimServer
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

@@ -7,7 +7,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from controlpanel import private_files
+from controlpanel import private_files, static_collect
 from controlpanel.celery import app
 from controlpanel.embedded import EmbeddedRuntime
 from hosts.demo import DemoFleet, bring_up
@@ -16,9 +16,9 @@ from hosts.demo import DemoFleet, bring_up
 class Command(BaseCommand):
     help = (
         "Serve the panel with uvicorn. Embedded mode (REDIS_URL unset) also runs a Celery "
-        "worker and beat in this process. --demo first migrates, collects static files, "
-        "creates the demo logins and seeds a demo fleet, then starts the fleet's local host "
-        "agents (each supervising a simulated GPU server)."
+        "worker and beat in this process. --demo first migrates, collects static files (when "
+        "they changed), creates the demo logins and seeds a demo fleet, then starts the "
+        "fleet's local host agents (each supervising a simulated GPU server)."
     )
 
     def add_arguments(self, parser):
@@ -44,7 +44,7 @@ class Command(BaseCommand):
         private_files.restrict_tree(settings.VAR_DIR)
         if demo:
             call_command("migrate", interactive=False, verbosity=0)
-            call_command("collectstatic", interactive=False, verbosity=0)
+            static_collect.collect_if_changed()
             call_command("seed_demo", stdout=self.stdout)
 
         runtime = fleet = None

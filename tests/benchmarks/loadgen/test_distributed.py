@@ -150,6 +150,7 @@ def _skewed_shard(spec, number, start_at, skew):
     return offset, run_shard(spec, number, 2, start_at, offset, f"w{number}", clock)
 
 
+@pytest.mark.timing
 def test_two_shards_against_the_test_server_with_skewed_clocks(fixed_server):
     """Two shards whose clocks disagree by 3 s still start together and merge on one base."""
     server = fixed_server(ttft_ms=20, itl_ms=2)

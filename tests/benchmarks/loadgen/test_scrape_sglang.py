@@ -55,7 +55,11 @@ def test_hit_rate_against_the_simulated_sglang(sim_server):
         model=QWEN,
         warmup_requests=2,
         dataset=Dataset(
-            LengthDist("fixed", 512), LengthDist("fixed", 16), prefix_len=480, prefix_groups=1
+            # 480 shared tokens on top of 32 of each request's own: 512 sent.
+            LengthDist("fixed", 32),
+            LengthDist("fixed", 16),
+            prefix_len=480,
+            prefix_groups=1,
         ),
         stages=(Stage("s", concurrency=4, num_requests=24),),
     )

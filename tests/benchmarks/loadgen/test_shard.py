@@ -3,6 +3,8 @@
 import math
 import sys
 
+import pytest
+
 from benchmarks.loadgen import Dataset, LengthDist, LoadSpec, Stage, run
 from benchmarks.loadgen.__main__ import main as cli
 from benchmarks.loadgen.shard import split
@@ -31,6 +33,7 @@ def test_split_divides_every_stage():
     assert all(p.workers == 1 and p.record_requests for p in parts)
 
 
+@pytest.mark.timing
 def test_two_workers_merge_into_one_result(fixed_server):
     server = fixed_server(ttft_ms=20, itl_ms=4)
     points = []

@@ -82,6 +82,7 @@ def slow_engine():
     server.server_close()
 
 
+@pytest.mark.timing
 def test_a_slow_metrics_endpoint_does_not_delay_the_ticks(slow_engine, monkeypatch):
     in_flight, most = [0], [0]
     original = Scraper._snapshot

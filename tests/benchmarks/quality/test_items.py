@@ -106,3 +106,15 @@ def test_prompt_items_and_structured_only_for_json():
     assert prompt_text(parsed.items[0]) == "2+2="
     errors, _ = errors_of(line(structured=True))
     assert "only for json items" in errors[1]
+
+
+def test_text_no_database_stores_is_a_line_error_not_a_500():
+    # A NUL (PostgreSQL refuses it) and a lone surrogate (not UTF-8) were 500s at upload.
+    nul = line(messages=[{"role": "user", "content": "a\u0000b"}])
+    lone = line(id="q2").replace("Capital of France?", "Capital\\ud800?")
+    errors, items = errors_of(nul, lone, line(id="q3"))
+    assert errors == {
+        1: "a NUL character (\\u0000) in a text: not allowed",
+        2: "a lone surrogate (\\ud800-\\udfff without its pair) in a text: not UTF-8",
+    }
+    assert [i.id for i in items] == ["q3"]

@@ -22,7 +22,8 @@ PROFILE = {
 def test_sweep_workload_takes_the_main_stage():
     w = sweep_workload(PROFILE, "rate")
     assert (w.num_requests, w.request_rate, w.concurrency) == (90, 4.0, None)
-    assert (w.input_tokens, w.output_tokens, w.shared_prefix_tokens) == (200, 64, 32)
+    # The 32-token prefix comes on top of the 200-token mean input (vLLM's --random-prefix-len).
+    assert (w.input_tokens, w.output_tokens, w.shared_prefix_tokens) == (232, 64, 32)
     assert w.burstiness == 0.5 and w.warmup_requests == 0
     c = sweep_workload(PROFILE, "concurrency")
     assert c.request_rate is None and c.concurrency >= 1

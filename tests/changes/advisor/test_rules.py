@@ -40,6 +40,7 @@ COVERED = {
     "errors-behind-speed",
     "warmup-included",
     "profile-unlike-traffic",
+    "client-limited-run",
 }
 
 

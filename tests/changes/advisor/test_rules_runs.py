@@ -114,3 +114,18 @@ def test_profile_unlike_traffic_prefix_share():
 )
 def test_profile_unlike_traffic_near_misses_and_missing(s):
     assert none(s, "profile-unlike-traffic")
+
+
+# --- client-limited-run (issue 37, finding 3) --------------------------------------------------
+def test_client_limited_run_is_said_not_silently_dropped():
+    why = "client-limited: event-loop lag p99 48 ms (max 210 ms) > 20 ms"
+    s = replace(b.healthy(), refused_runs=((13, why), (11, "client-limited: ITL not measurable")))
+    f = one(s, "client-limited-run")
+    assert f.severity == INFO
+    assert f.title == "Run 13 not used as evidence (and 1 more)"
+    assert f"Run 13 is {why}" in f.seen and "Run 11 is client-limited" in f.seen
+    assert f.evidence == {"runs": [13, 11]}
+
+
+def test_client_limited_run_quiet_without_refused_runs():
+    assert none(b.healthy(), "client-limited-run")

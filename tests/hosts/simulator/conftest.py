@@ -78,8 +78,8 @@ class SimServer:
         return out
 
 
-@pytest.fixture
-def sim_server():
+def _servers():
+    """``start(engine, *args, ready=True)``, and every server it started stopped after."""
     started: list[SimServer] = []
 
     def start(engine: str = "vllm", *args: str, ready: bool = True) -> SimServer:
@@ -92,3 +92,16 @@ def sim_server():
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def sim_server():
+    """Simulators of the test's own: to stop, restart, or read counters from zero."""
+    yield from _servers()
+
+
+@pytest.fixture(scope="module")
+def module_sim_server():
+    """Simulators a module's tests share: for tests that only send requests and read what
+    comes back (each starts in ~1 s of CPU; a module of such tests starts one per engine)."""
+    yield from _servers()

@@ -12,10 +12,11 @@ SGLANG_ARGS = ("--context-length", "8192", "--enable-metrics")
 VLLM_ARGS = ("--max-model-len", "8192")
 
 
-@pytest.fixture(params=ENGINES)
-def server(request, sim_server):
+@pytest.fixture(scope="module", params=ENGINES)
+def server(request, module_sim_server):
+    """One simulator per engine for the module: its tests only send requests and read."""
     args = VLLM_ARGS if request.param == "vllm" else SGLANG_ARGS
-    return sim_server(request.param, *args, "--time-scale", "0.2")
+    return module_sim_server(request.param, *args, "--time-scale", "0.2")
 
 
 def client(server) -> openai.OpenAI:
@@ -179,21 +180,26 @@ def test_tokenize(server):
 
 
 def test_metrics_with_real_names(server):
+    p = "vllm:" if server.engine == "vllm" else "sglang:"
+
+    def scrape() -> tuple[dict, list[float]]:
+        text = httpx.get(server.url + "/metrics").text
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        counter = families.get(p + "generation_tokens")
+        samples = counter.samples if counter else []
+        return families, [s.value for s in samples if s.name.endswith("_total")] or [0.0]
+
+    _, before = scrape()  # the module's server: other tests' tokens are counted already
     client(server).completions.create(
         model=server.model, prompt="hi", max_tokens=3, extra_body={"ignore_eos": True}
     )
-    text = httpx.get(server.url + "/metrics").text
-    families = {f.name: f for f in text_string_to_metric_families(text)}
-    p = "vllm:" if server.engine == "vllm" else "sglang:"
+    families, after = scrape()
     running = "num_requests_running" if server.engine == "vllm" else "num_running_reqs"
     assert p + running in families
     assert p + "time_to_first_token_seconds" in families
     assert p + "inter_token_latency_seconds" in families
     assert p + "e2e_request_latency_seconds" in families
-    generated = [
-        s.value for s in families[p + "generation_tokens"].samples if s.name.endswith("_total")
-    ]
-    assert generated == [3.0]
+    assert len(after) == 1 and after[0] - before[0] == 3.0
     if server.engine == "vllm":
         for name in (
             "kv_cache_usage_perc",
@@ -250,7 +256,11 @@ def test_sglang_metrics_need_the_flag(sim_server):
     assert httpx.get(server.url + "/metrics").status_code == 404
 
 
-def test_gpu_telemetry_in_nvml_shape(server):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_gpu_telemetry_in_nvml_shape(sim_server, engine):
+    # A server of its own: the module's shared one has just served other tests (not idle).
+    args = VLLM_ARGS if engine == "vllm" else SGLANG_ARGS
+    server = sim_server(engine, *args, "--time-scale", "0.2")
     gpus = httpx.get(server.url + "/simulator/gpus").json()["gpus"]
     assert len(gpus) == 1
     gpu = gpus[0]
@@ -287,6 +297,7 @@ def test_n_choices_observe_their_parent_once(sim_server):
     assert samples["vllm:request_success_total"] == 6
 
 
+@pytest.mark.timing
 def test_sglang_non_streamed_ttft_is_its_first_output_on_the_wire(sim_server):
     """SGLang's scheduler sends a non-streamed request's output only every 50 tokens, so
     its TTFT is late in the request: most of its end-to-end time, unlike a streamed one."""

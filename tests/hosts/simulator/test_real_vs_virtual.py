@@ -1,6 +1,8 @@
 """Real time and virtual time run the same scheduler: a load test against the running server
 and predict() for the same workload agree within 10 %."""
 
+import pytest
+
 from benchmarks.loadgen import Dataset, LengthDist, LoadSpec, Stage, run
 from hosts.simulator.predict import Workload, predict
 from tests.hosts.simulator.conftest import LLAMA
@@ -8,6 +10,7 @@ from tests.hosts.simulator.conftest import LLAMA
 WORKLOAD = Workload(num_requests=24, input_tokens=512, output_tokens=32, concurrency=8)
 
 
+@pytest.mark.timing
 def test_real_time_server_matches_prediction(sim_server):
     server = sim_server("vllm", "--gpu", "l4", "--max-model-len", "4096")
     spec = LoadSpec(

@@ -16,10 +16,11 @@ def args_for(engine: str) -> tuple:
     return VLLM_ARGS if engine == "vllm" else SGLANG_ARGS
 
 
-@pytest.fixture(params=ENGINES)
-def fast(request, sim_server):
-    """A server that runs as fast as it can (virtual time): for the shape of what it sends."""
-    return sim_server(request.param, *args_for(request.param), "--time-scale", "0")
+@pytest.fixture(scope="module", params=ENGINES)
+def fast(request, module_sim_server):
+    """A server that runs as fast as it can (virtual time): for the shape of what it sends
+    (one per engine for the module: its tests only send requests and read the answers)."""
+    return module_sim_server(request.param, *args_for(request.param), "--time-scale", "0")
 
 
 def sse(server, path: str, body: dict) -> list[dict]:
