@@ -8,8 +8,11 @@ the engines in ``hosts.simulator.dialects``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import hashlib
 import json
+import re
 import uuid
 
 from starlette.applications import Starlette
@@ -44,6 +47,40 @@ def create_app(runner: EngineRunner) -> Starlette:
     )
 
 
+class SentLog:
+    """What the engine streamed, by the id the response carries (its first event's ``"id"``;
+    SGLang's differ from vLLM's): the SHA-256 and length of the body's bytes, and whether the
+    stream reached its end. A client can then prove that what it stored is
+    byte for byte what was sent (the load generator's isolation tests). The newest ``keep``
+    are kept. One per app, used only on the app's event loop."""
+
+    def __init__(self, keep: int = 10_000):
+        self.bodies: collections.OrderedDict[str, dict] = collections.OrderedDict()
+        self.keep = keep
+
+    ID = re.compile(rb'"id":\s*"([^"]+)"')
+
+    async def recorded(self, events):
+        digest, size, complete, rid = hashlib.sha256(), 0, False, None
+        try:
+            async for event in events:
+                data = event.encode() if isinstance(event, str) else event
+                digest.update(data)
+                size += len(data)
+                if rid is None and (match := self.ID.search(data)):
+                    rid = match.group(1).decode()
+                yield event
+            complete = True
+        finally:
+            self.bodies[rid or f"no id {len(self.bodies)}"] = {
+                "sha256": digest.hexdigest(),
+                "bytes": size,
+                "complete": complete,
+            }
+            while len(self.bodies) > self.keep:
+                self.bodies.popitem(last=False)
+
+
 class EngineApi:
     """The routes every simulated engine serves: OpenAI-compatible generation, models,
     tokenizer, health, version and metrics, and the simulator's own readings."""
@@ -52,6 +89,7 @@ class EngineApi:
         self.runner = runner
         self.cfg = runner.cfg
         self.dialect = dialect
+        self.sent = SentLog()
 
     def routes(self) -> list[Route]:
         return [
@@ -66,6 +104,7 @@ class EngineApi:
             Route("/simulator/gpus", self.gpus),
             Route("/simulator/loop-lag", self.loop_lag),
             Route("/simulator/quality", self.quality),
+            Route("/simulator/sent", self.sent_bodies),
         ]
 
     # --- checks shared by the handlers -----------------------------------------------------
@@ -108,7 +147,7 @@ class EngineApi:
         answer = await protocol.respond(self.runner, self.dialect, data, chat, rid)
         if isinstance(answer, dict):
             return JSONResponse(answer)
-        return StreamingResponse(answer, media_type="text/event-stream")
+        return StreamingResponse(self.sent.recorded(answer), media_type="text/event-stream")
 
     # --- the model and its tokenizer -------------------------------------------------------
     async def models(self, request: HttpRequest) -> Response:
@@ -186,6 +225,10 @@ class EngineApi:
         if request.query_params.get("reset"):
             self.runner.loop_lag.samples.clear()
         return JSONResponse(summary)
+
+    async def sent_bodies(self, request: HttpRequest) -> Response:
+        """The streamed bodies' digests by response id (``SentLog``)."""
+        return JSONResponse({"bodies": self.sent.bodies})
 
     async def quality(self, request: HttpRequest) -> Response:
         """Prompts the simulated model knows and its accuracy table for this config."""

@@ -6,15 +6,18 @@ a benchmark beside a sweep's lane (its trials restart an engine the host agent s
 under the same polling.
 
 What each client stored must be exactly what each engine sent: no client error, every
-request's answer complete, the tokens and requests each simulator counted on its own /metrics
-equal to what the run recorded, and a probe's answers byte for byte those it got alone (the
-engine's answers are data: ``--knowledge``). The host is never marked unreachable (its poll
+request's answer complete, each response body the load generator read byte for byte the body the
+simulator streamed for that response id (its ``/simulator/sent``), the tokens and requests each
+simulator counted on its own /metrics equal to what the run recorded, and a probe's answers
+byte for byte those it got alone (the engine's answers are data: ``--knowledge``). The host is never marked unreachable (its poll
 transport was once closed under a reader when the price changed), and no poll fails.
 
 Waits are on conditions (task signals, events), never on sleeps; the profiles are short."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 import threading
 from decimal import Decimal
 from unittest import mock
@@ -27,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks import records
 from benchmarks.models import BenchmarkRun, RunRequestLog
+from benchmarks.loadgen import transport
 from benchmarks.models_quality import ProbeResult, ProbeSet
 from benchmarks.quality.builtin import SETS_DIR
 from benchmarks.services import probes
@@ -143,6 +147,65 @@ def engine_counts(url: str) -> tuple[float, float]:
     return finished, generated
 
 
+class Received:
+    """What each streamed generation brought the load generator, byte for byte: its SHA-256
+    and length by response id (the body's first ``"id"``), teed from the transport's body
+    stream that the client reads."""
+
+    RID = re.compile(rb'"id":\s*"([^"]+)"')
+
+    def __init__(self, monkeypatch):
+        self.bodies: dict[str, dict] = {}
+        self.lock = threading.Lock()
+        original, received = transport._Body.__aiter__, self
+
+        async def tee(body):
+            digest, size, head = hashlib.sha256(), 0, b""
+            async for piece in original(body):
+                digest.update(piece)
+                size += len(piece)
+                if len(head) < 512:
+                    head += piece
+                yield piece
+            # Reached only when the body was read to its end. Only the generations' event
+            # streams: the same transport reads the engine's /metrics and /v1/models.
+            if not head.startswith(b"data:"):
+                return
+            match = received.RID.search(head)
+            with received.lock:
+                received.bodies[match.group(1).decode() if match else f"no id #{size}"] = {
+                    "sha256": digest.hexdigest(),
+                    "bytes": size,
+                    "complete": True,
+                }
+
+        monkeypatch.setattr(transport._Body, "__aiter__", tee)
+
+
+@pytest.fixture
+def received(monkeypatch):
+    return Received(monkeypatch)
+
+
+def engine_sent(url: str) -> dict[str, dict]:
+    """The bodies the simulator streamed, by response id."""
+    return httpx.get(url + "/simulator/sent", timeout=30).json()["bodies"]
+
+
+def assert_read_what_the_engines_sent(received: Received, engines, before: list[dict]) -> None:
+    """Every body the load generator read is, byte for byte, the body one of the engines
+    streamed under that id, and each engine's new bodies were all read in full."""
+    with received.lock:
+        read = dict(received.bodies)
+    claimed = set()
+    for engine, earlier in zip(engines, before, strict=True):
+        sent = {rid: body for rid, body in engine_sent(engine.url).items() if rid not in earlier}
+        assert len(sent) == REQUESTS, (engine.url, len(sent))
+        assert {rid: read.get(rid) for rid in sent} == sent
+        claimed |= set(sent)
+    assert set(read) <= claimed, sorted(set(read) - claimed)
+
+
 def polling(name: str, poll, stop: threading.Event, failures: list) -> threading.Thread:
     """``poll()`` again and again on a thread of its own until ``stop``; what it raised is
     kept in ``failures``."""
@@ -205,10 +268,13 @@ def assert_stored_what_the_engine_sent(run, engine, before: tuple[float, float])
     assert generated - before[1] == run.output_tokens_total == REQUESTS * OUTPUT
 
 
-def test_two_benchmarks_a_price_edit_and_polls_at_once(runtime, tasks, engines, agent, monkeypatch):
+def test_two_benchmarks_a_price_edit_and_polls_at_once(
+    runtime, tasks, engines, agent, received, monkeypatch
+):
     statuses = recorded_statuses(monkeypatch)
     host, deployments = fleet(agent, engines)
     before = [engine_counts(engine.url) for engine in engines]
+    sent_before = [engine_sent(engine.url) for engine in engines]
 
     profile = make_profile(spec=PROFILE)
     runs = [services.start_benchmark(None, d, profile, label="two at once") for d in deployments]
@@ -233,6 +299,7 @@ def test_two_benchmarks_a_price_edit_and_polls_at_once(runtime, tasks, engines, 
 
     for run, engine, counts in zip(runs, engines, before, strict=True):
         assert_stored_what_the_engine_sent(run, engine, counts)
+    assert_read_what_the_engines_sent(received, engines, sent_before)
 
     host.refresh_from_db()
     assert host.status == HostStatus.ONLINE and host.hourly_price == Decimal("9.75")
@@ -253,7 +320,9 @@ def answers(probe) -> list[tuple]:
     )
 
 
-def test_a_benchmark_and_a_probe_at_once_answer_as_each_alone(runtime, tasks, engines, agent):
+def test_a_benchmark_and_a_probe_at_once_answer_as_each_alone(
+    runtime, tasks, engines, agent, received
+):
     _host, (benchmarked, probed) = fleet(agent, engines)
     probe_set = tiny_probe_set()
     alone = probes.start_probe(None, probed, probe_set, concurrency=4)
@@ -262,6 +331,7 @@ def test_a_benchmark_and_a_probe_at_once_answer_as_each_alone(runtime, tasks, en
     assert len(expected) == PROBE_ITEMS and all(answer for _, answer, _ in expected)
 
     before = engine_counts(engines[0].url)
+    sent_before = engine_sent(engines[0].url)
     run = services.start_benchmark(None, benchmarked, make_profile(spec=PROFILE), label="t")
     probe = probes.start_probe(None, probed, probe_set, concurrency=4)
     for name in (BENCHMARK_TASK, PROBE_TASK):
@@ -274,6 +344,7 @@ def test_a_benchmark_and_a_probe_at_once_answer_as_each_alone(runtime, tasks, en
     given = {item.id: (item.reference, item.wrong) for item in probes.items_of(probe_set)}
     assert all(answer in given[item] for item, answer, _ in expected), expected
     assert_stored_what_the_engine_sent(run, engines[0], before)
+    assert_read_what_the_engines_sent(received, engines[:1], [sent_before])
 
 
 SWEEP_LOAD = {
@@ -285,7 +356,7 @@ SWEEP_LOAD = {
 
 
 def test_a_sweep_trial_beside_a_benchmark_with_telemetry_polling(
-    runtime, tasks, engines, agent, operator, settings, monkeypatch
+    runtime, tasks, engines, agent, operator, settings, received, monkeypatch
 ):
     settings.CHANGE_HEALTH_TIMEOUT = 10
     statuses = recorded_statuses(monkeypatch)
@@ -313,6 +384,7 @@ def test_a_sweep_trial_beside_a_benchmark_with_telemetry_polling(
     sweep = sweep_prediction.predict(Sweep.objects.get(pk=sweep.pk))
 
     before = engine_counts(engines[0].url)
+    sent_before = engine_sent(engines[0].url)
     stop, failures = threading.Event(), []
     pollers = [
         polling("telemetry", telemetry.poll_telemetry, stop, failures),
@@ -330,6 +402,12 @@ def test_a_sweep_trial_beside_a_benchmark_with_telemetry_polling(
             thread.join(WAIT_S)
     assert failures == []
     assert_stored_what_the_engine_sent(run, engines[0], before)
+    # The trials' engine restarts with each trial (its record with it): the benchmark's bodies
+    # are checked byte for byte here, the trials' by their token counts below.
+    benchmark_sent = engine_sent(engines[0].url)
+    with received.lock:
+        received.bodies = {r: b for r, b in received.bodies.items() if r in benchmark_sent}
+    assert_read_what_the_engines_sent(received, engines[:1], [sent_before])
 
     sweep.refresh_from_db()
     swept.refresh_from_db()

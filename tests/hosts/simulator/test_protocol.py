@@ -1,5 +1,6 @@
 """The simulator speaks the engines' HTTP API: checked with the real `openai` client."""
 
+import hashlib
 import json
 
 import httpx
@@ -106,6 +107,21 @@ def test_raw_sse_framing(server):
     payloads = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
     assert [p["choices"][0]["finish_reason"] for p in payloads[:-1]] == [None, "length"]
     assert payloads[-1]["usage"]["completion_tokens"] == 2
+
+
+def test_the_simulator_records_what_it_streamed(server):
+    """/simulator/sent: each streamed body's SHA-256 and length by response id, which a client
+    compares with what it read (tests/integration/test_two_jobs_at_once.py)."""
+    body = {"model": server.model, "prompt": "x", "max_tokens": 5, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as response:
+        raw = response.read()
+    rid = json.loads(raw.split(b"\n\n")[0].removeprefix(b"data: "))["id"]
+    sent = httpx.get(server.url + "/simulator/sent", timeout=30).json()["bodies"]
+    assert sent[rid] == {
+        "sha256": hashlib.sha256(raw).hexdigest(),
+        "bytes": len(raw),
+        "complete": True,
+    }
 
 
 def test_prompt_longer_than_context_is_a_400(server):
