@@ -68,6 +68,14 @@ class LoadPointSerializer(serializers.Serializer):
     finished_at = serializers.FloatField(help_text="Epoch seconds.", **NUM)
 
 
+class RefusedRunSerializer(serializers.Serializer):
+    run_id = serializers.IntegerField()
+    run_url = serializers.CharField(help_text="The run's page.")
+    reason = serializers.CharField(
+        help_text='Why it is not evidence, in the words every consumer uses ("client-limited: …").'
+    )
+
+
 class CapacitySerializer(serializers.Serializer):
     status = serializers.ChoiceField(
         choices=["measured", "above_tested", "none_meets", "no_evidence"]
@@ -84,6 +92,11 @@ class CapacitySerializer(serializers.Serializer):
     profile_id = serializers.IntegerField(allow_null=True, help_text="The profile measured by.")
     profile = serializers.CharField(help_text='"name vN"; empty without evidence.')
     points = serializers.IntegerField(help_text="Load levels that were judged.")
+    refused_runs = RefusedRunSerializer(
+        many=True,
+        help_text="Runs of the profile left out of the capacity (benchmarks.evidence's rule: "
+        "client-limited), newest first.",
+    )
 
 
 class ThresholdsSerializer(serializers.Serializer):

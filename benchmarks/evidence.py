@@ -31,8 +31,10 @@ LOOP_LAG_P99_MS = 20.0
 # The event loop's thread at this share of one core is saturated: it cannot read faster, so
 # chunks queue in the socket and arrive "together".
 CPU_SHARE_MAX = 0.90
-# At or above this share of token chunks carrying several tokens, ITL percentiles describe how
-# often the client read, not the engine's pace (one in five gaps reading 0 ms moves p50/p95).
+# At or above this share of token chunks read together (several events at one read), ITL
+# percentiles describe how often the client read, not the engine's pace (one in five gaps
+# reading 0 ms moves p50/p95). Events the engine itself sent with several tokens are not the
+# client's doing: at this share they make a caveat ("ITL per event"), not a refusal.
 MULTI_TOKEN_SHARE_MAX = 0.20
 # Open-loop sends starting this late (p99) against their schedule: the load applied was not the
 # load asked for (the same bound as a sharded run's "behind" shard).
@@ -68,6 +70,9 @@ class Evidence:
     health: dict = field(default_factory=dict, compare=False)
     # What the check found but did not enforce (MODE_ENV=report).
     reported: tuple[str, ...] = ()
+    # What the numbers mean, though the client kept up (the engine streamed several tokens
+    # an event: ITL is per event).
+    caveats: tuple[str, ...] = ()
 
     @property
     def limited(self) -> bool:
@@ -92,6 +97,8 @@ class Evidence:
         text = "client health checked: the load generator kept up"
         if self.unchecked:
             text += " (not checked: " + ", ".join(self.unchecked) + ")"
+        if self.caveats:
+            text += "; " + "; ".join(self.caveats)
         return text
 
     def to_dict(self) -> dict:
@@ -102,6 +109,7 @@ class Evidence:
             "reasons": list(self.reasons),
             "unchecked": list(self.unchecked),
             "reported": list(self.reported),
+            "caveats": list(self.caveats),
             "health": self.health,
         }
 
@@ -130,6 +138,7 @@ def judge(health: dict | None) -> Evidence:
     health = health if isinstance(health, dict) else {}
     reasons: list[str] = []
     unchecked: list[str] = []
+    caveats: list[str] = []
     checked = 0
 
     lag = _part(health, "loop_lag_ms")
@@ -170,17 +179,29 @@ def judge(health: dict | None) -> Evidence:
             )
 
     chunks = _part(health, "chunks")
-    multi = _num(chunks.get("multi_token_chunk_share"))
+    total = int(_num(chunks.get("token_chunks")) or 0)
+    # Recorded since the two causes are told apart: only the client's reads count against it.
+    # Before, one share held both: it is judged as it was.
+    split = _num(chunks.get("coalesced_chunk_share")) is not None
+    multi = _num(chunks.get("coalesced_chunk_share" if split else "multi_token_chunk_share"))
     if multi is None:
         unchecked.append("tokens per chunk")
     else:
         checked += 1
         if multi >= MULTI_TOKEN_SHARE_MAX:
+            count = chunks.get("coalesced_chunks" if split else "multi_token_chunks")
             reasons.append(
-                f"ITL not measurable: {multi:.0%} of chunks carried several tokens "
-                f"({int(chunks.get('multi_token_chunks') or 0)} of "
-                f"{int(chunks.get('token_chunks') or 0)}; limit {MULTI_TOKEN_SHARE_MAX:.0%})"
+                f"ITL not measurable: {multi:.0%} of chunks carried several tokens"
+                + (" read at once" if split else "")
+                + f" ({int(_num(count) or 0)} of {total}; limit {MULTI_TOKEN_SHARE_MAX:.0%})"
             )
+    engine_share = _num(chunks.get("multi_token_event_share"))
+    if engine_share is not None and engine_share >= MULTI_TOKEN_SHARE_MAX:
+        caveats.append(
+            f"ITL is per event, not per token: the engine sent several tokens in up to "
+            f"{engine_share:.0%} of its events ({int(_num(chunks.get('multi_token_events')) or 0)}"
+            f" of {total}), as it streams (e.g. --stream-interval, speculative decoding)"
+        )
 
     client, engine = _part(health, "client"), _part(health, "engine")
     for label, key, tolerance, floor in (
@@ -213,7 +234,7 @@ def judge(health: dict | None) -> Evidence:
         state = UNKNOWN
     else:
         state = USABLE
-    return Evidence(state, tuple(reasons), tuple(unchecked), health)
+    return Evidence(state, tuple(reasons), tuple(unchecked), health, caveats=tuple(caveats))
 
 
 def usable_as_evidence(run) -> Evidence:
@@ -237,7 +258,16 @@ def health_from_document(document: dict) -> dict:
     if _num(document.get("multi_token_chunk_share")) is not None:
         health["chunks"] = {
             key: document.get(key)
-            for key in ("token_chunks", "multi_token_chunks", "multi_token_chunk_share")
+            for key in (
+                "token_chunks",
+                "multi_token_chunks",
+                "multi_token_chunk_share",
+                "coalesced_chunks",
+                "coalesced_chunk_share",
+                "multi_token_events",
+                "multi_token_event_share",
+            )
+            if key in document
         }
     client = {
         "ttft_mean_ms": _num(document.get("mean_ttft_ms")),

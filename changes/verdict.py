@@ -185,6 +185,18 @@ def quantile_interval(values: Iterable[float], q: float = 0.95, z: float = NOISE
     return ordered[low - 1], ordered[high - 1]
 
 
+def estimate_interval(estimate: float | None, standard_error: float | None, z: float = NOISE_Z):
+    """The noise band ``(low, high)`` of an estimate with a known standard error (the ITL p95
+    from batches of whole requests, ``benchmarks.loadgen.stats.itl_p95_standard_error``), or
+    None when either is unknown. The low end stays above zero: a band's ratio is taken."""
+    if estimate is None or standard_error is None:
+        return None
+    if not (math.isfinite(estimate) and math.isfinite(standard_error)) or estimate <= 0:
+        return None
+    spread = z * standard_error
+    return max(estimate - spread, estimate * 1e-3), estimate + spread
+
+
 def _within_noise(check: dict, limit: float, band) -> None:
     """Turn a pass or a failure the noise band cannot separate from the limit into "cannot
     judge": the change's range is the verification's band over the baseline's. Such a check
@@ -384,8 +396,9 @@ def verdict(
       requests): no verdict, ``reason`` says why. Never reported as "within limits".
     - ``"verified"``: every check judged and within its threshold.
 
-    ``noise``: ``{metric: (baseline band, verification band)}`` (``quantile_interval`` of
-    each run's requests): a latency whose change could lie on either side of its limit within
+    ``noise``: ``{metric: (baseline band, verification band)}`` (TTFT: ``quantile_interval``
+    of each run's requests; ITL: ``estimate_interval`` of its batch-means standard error): a
+    latency whose change could lie on either side of its limit within
     the bands is not judged ("cannot judge: run-to-run noise ±X % … spans the limit"), rather
     than passed or failed; ``measure_more`` says more requests could settle it.
 

@@ -47,7 +47,13 @@ def answer(state: ScalingState) -> dict:
         if capacity.get(key) is not None:
             capacity[key] = _point(capacity[key])
     capacity.update(
-        profile_id=state.profile_id, profile=state.profile, points=state.evidence_points
+        profile_id=state.profile_id,
+        profile=state.profile,
+        points=state.evidence_points,
+        refused_runs=[
+            {"run_id": pk, "run_url": reverse("benchmarks:detail", args=[pk]), "reason": why}
+            for pk, why in state.refused_runs
+        ],
     )
     decision = {k: v for k, v in data["decision"].items() if k != "thresholds"}
     pk = state.deployment_id

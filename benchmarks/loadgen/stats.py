@@ -106,6 +106,36 @@ def describe(values: list[float], name: str, scale: float = 1000.0) -> dict:
     return out
 
 
+# The ITL p95's standard error is estimated from batches of whole requests (batch means): a
+# request's gaps are not independent (it decodes at one batch size, beside the same neighbours),
+# so the count of gaps would make its band far too narrow. Consecutive requests (by send time)
+# form each batch, so drifts within the run show as spread between batches. At most this many
+# batches, of at least ITL_BATCH_MIN requests each; fewer than ITL_BATCHES_MIN batches: no
+# estimate.
+ITL_BATCHES = 20
+ITL_BATCH_MIN = 5
+ITL_BATCHES_MIN = 5
+
+
+def itl_p95_standard_error(ok: list[RequestRecord]) -> float | None:
+    """The standard error (ms) of the run's pooled ITL p95, or None with too few requests
+    with gaps: the p95 of each batch's pooled gaps, their standard deviation over
+    √batches (a quantile estimate's variance falls as 1/n, and a batch holds 1/k of the run).
+    Pure; ``changes.verdict`` turns it into the noise band a change's ITL is judged within."""
+    with_gaps = sorted((r for r in ok if len(r.chunk_times) > 1), key=lambda r: (r.sent, r.index))
+    k = min(ITL_BATCHES, len(with_gaps) // ITL_BATCH_MIN)
+    if k < ITL_BATCHES_MIN:
+        return None
+    size = len(with_gaps) / k
+    p95s = []
+    for b in range(k):
+        batch = with_gaps[round(b * size) : round((b + 1) * size)]
+        p95s.append(percentile(sorted(x * 1000 for r in batch for x in r.itls), 95))
+    mean = sum(p95s) / k
+    sd = math.sqrt(sum((v - mean) ** 2 for v in p95s) / (k - 1))
+    return sd / math.sqrt(k)
+
+
 def meets_slo(record: RequestRecord, slo: dict[str, float]) -> bool:
     """Goodput: every given bound (ms) holds for this request."""
     checks = {
@@ -162,6 +192,7 @@ def summarize(records: list[RequestRecord], slo: dict[str, float] | None = None)
     result.update(describe([r.ttft for r in ok if r.ttft is not None], "ttft"))
     result.update(describe([r.tpot for r in ok if r.tpot is not None], "tpot"))
     result.update(describe([x for r in ok for x in r.itls], "itl"))
+    result["p95_itl_se_ms"] = itl_p95_standard_error(ok)
     result.update(describe([r.e2el for r in ok], "e2el"))
     # Latency from the *scheduled* time shows what client-side queueing (or a server that
     # stalls the sender) hides: coordinated omission.
@@ -240,12 +271,19 @@ def errors_by_cause(failed: list[RequestRecord]) -> list[dict]:
 
 def chunk_health(ok: list[RequestRecord]) -> dict:
     """How many token chunks (arrivals: token events stamped with one arrival time, so read
-    together) carried more than one token. Such a chunk has no gap inside it to measure: its
-    tokens' inter-token latencies read 0 ms whether the engine streamed them 0 or 30 ms apart
-    (a busy client reading late finds several events waiting), or the engine sent them in one
-    event (usage counted more tokens than events came). ITL percentiles from a run where many
-    chunks did are the client's, not the engine's (``benchmarks.evidence``)."""
-    chunks = multi = 0
+    together) carried more than one token, and why. Such a chunk has no gap inside it to
+    measure: its tokens' inter-token latencies read 0 ms whether the engine streamed them 0 or
+    30 ms apart. Two causes, told apart:
+
+    - ``coalesced_chunks``: several events read at once (one stamp). A busy client reading
+      late finds several events waiting: ITL percentiles from a run where many chunks did are
+      the client's, not the engine's (``benchmarks.evidence``: client-limited).
+    - ``multi_token_events``: the engine sent several tokens in one event (usage counted more
+      tokens than events came: SGLang's ``--stream-interval``, speculative decoding). That is
+      how the engine streams, not the client's fault: ITL is then per event, not per token.
+
+    ``multi_token_chunks`` counts chunks with either cause."""
+    chunks = multi = coalesced = engine = 0
     for r in ok:
         times = r.chunk_times
         arrivals = together = 0
@@ -257,16 +295,22 @@ def chunk_health(ok: list[RequestRecord]) -> dict:
             arrivals += 1
             together += j > i
             i = j + 1
-        # Tokens the usage counted beyond the events that came: some events carried several.
+        coalesced += together
+        # Tokens the usage counted beyond the events that came: some events carried several
+        # (at least one event per extra token's worth, at most every arrival).
         extra = r.output_tokens - n if r.token_source == "usage" else 0
-        if extra > 0:
-            together = min(arrivals, together + extra)
+        events = min(arrivals, extra) if extra > 0 else 0
+        engine += events
         chunks += arrivals
-        multi += together
+        multi += min(arrivals, together + events)
     return {
         "token_chunks": chunks,
         "multi_token_chunks": multi,
         "multi_token_chunk_share": multi / chunks if chunks else None,
+        "coalesced_chunks": coalesced,
+        "coalesced_chunk_share": coalesced / chunks if chunks else None,
+        "multi_token_events": engine,
+        "multi_token_event_share": engine / chunks if chunks else None,
     }
 
 

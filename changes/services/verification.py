@@ -4,6 +4,8 @@ pipeline's worker as ordinary runs (their pages stream live and they join the hi
 
 from __future__ import annotations
 
+import math
+
 import httpx
 from django.conf import settings as conf
 from django.db.models import Q
@@ -235,14 +237,20 @@ def judge_runs(
 
     ``extra``: more runs of the verification's config (``pool``): those measured under the
     baseline's conditions add their requests to the verification's TTFT p95 and its band;
-    every one of them counts for the hard guards."""
+    every one of them counts for the hard guards; their ITL p95s are pooled too
+    (``itl_p95_band``)."""
     before, after = conditions(baseline), conditions(run)
     ttfts = request_ttfts(run)
     values = numbers(run)
+    pooled = [run] if run is not None else []
     if run is not None and extra:
         after, ttfts = pool(before, after, ttfts, extra, cache_changed=cache_changed)
-        if ttfts and len(after["runs"]) > 1:
+        pooled += [r for r in extra if r.pk in after["runs"]]
+        if ttfts and len(pooled) > 1:
             values["ttft_p95_ms"] = stats.percentile(sorted(ttfts), 95)
+    itl_p95, itl_band = itl_p95_band(pooled)
+    if len(pooled) > 1 and itl_p95 is not None:
+        values["itl_p95_ms"] = itl_p95
     return refuse_client_limited(
         verdict.verdict(
             numbers(baseline),
@@ -254,7 +262,8 @@ def judge_runs(
                 "ttft_p95_ms": (
                     ttft_p95_band(baseline),
                     verdict.quantile_interval(ttfts) if ttfts is not None else None,
-                )
+                ),
+                "itl_p95_ms": (itl_p95_band([baseline] if baseline else [])[1], itl_band),
             },
         ),
         baseline,
@@ -286,7 +295,8 @@ def pool(before: dict, after: dict, ttfts, extra, *, cache_changed: bool):
     """The verification's conditions and TTFTs with its extra runs: a run that measured under
     the baseline's conditions (``verdict.compare_conditions``, the rule the verdict applies to
     the verification) and is usable adds its requests; every run adds its preemptions, KV
-    peak and restarts, which the hard guards read."""
+    peak and restarts, which the hard guards read. Returns the conditions and the pooled TTFTs;
+    ``after["runs"]`` lists the runs pooled (the verification first)."""
     after = {**after, "runs": [after["run"]]}
     ttfts = list(ttfts or [])
     for run in extra:
@@ -305,6 +315,31 @@ def pool(before: dict, after: dict, ttfts, extra, *, cache_changed: bool):
         after["runs"].append(run.pk)
         after["requests"] = (after.get("requests") or 0) + (more.get("requests") or 0)
     return after, ttfts
+
+
+def itl_p95_band(runs: list[BenchmarkRun]):
+    """The ITL p95 of ``runs`` of one config and its noise band: ``(p95, (low, high))``. One
+    run: its p95 and the band of its batch-means standard error (the load generator's
+    ``p95_itl_se_ms``). Several (a verification with its extra runs): the p95s' mean weighted
+    by each run's successful requests, with the weighted standard error, so each run measured
+    narrows the band. ``(p95 or None, None)`` where a run lacks its standard error (recorded
+    before it, imported, too few requests): then ITL is judged without a band, as before."""
+    measured = []
+    for run in runs:
+        p95 = run.itl_p95_ms
+        summary = run.summary if isinstance(run.summary, dict) else {}
+        se = summary.get("p95_itl_se_ms")
+        if p95 is None or not run.completed:
+            continue
+        measured.append((run.completed, p95, se if isinstance(se, int | float) else None))
+    if not measured:
+        return None, None
+    total = sum(weight for weight, _, _ in measured)
+    p95 = sum(weight * value for weight, value, _ in measured) / total
+    if any(se is None for _, _, se in measured):
+        return (p95 if len(measured) == 1 else None), None
+    se = math.sqrt(sum((weight * se) ** 2 for weight, _, se in measured)) / total
+    return p95, verdict.estimate_interval(p95, se)
 
 
 def request_ttfts(run: BenchmarkRun | None) -> list[float] | None:
@@ -326,8 +361,9 @@ def request_ttfts(run: BenchmarkRun | None) -> list[float] | None:
 
 def ttft_p95_band(run: BenchmarkRun | None):
     """The run-to-run noise band of the run's TTFT p95, from its successful requests' TTFTs
-    (its request log), or None without a log or with too few requests. ITL has no such band:
-    the log keeps each request's mean and worst gap, not the pooled gaps a p95 ITL is of."""
+    (its request log), or None without a log or with too few requests. ITL's band comes from
+    the load generator instead (``itl_p95_band``): the log keeps each request's mean and
+    worst gap, not the pooled gaps a p95 ITL is of."""
     ttfts = request_ttfts(run)
     return verdict.quantile_interval(ttfts) if ttfts is not None else None
 

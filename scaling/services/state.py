@@ -77,7 +77,8 @@ class ScalingState:
     engine_start_basis: str = ""
     evidence_points: int = 0
     # Runs left out of the capacity evidence, in words ("run #12 is client-limited: …").
-    refused_runs: list[str] = field(default_factory=list)
+    # Runs of the chosen profile refused as evidence: (run id, why), newest first.
+    refused_runs: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def thresholds(self):
@@ -106,7 +107,7 @@ class ScalingState:
             "engine_start_s": self.engine_start_s,
             "engine_start_basis": self.engine_start_basis,
             "evidence_points": self.evidence_points,
-            "refused_runs": list(self.refused_runs),
+            "refused_runs": [{"run_id": pk, "reason": why} for pk, why in self.refused_runs],
         }
 
 
@@ -370,7 +371,7 @@ def _evidence(rows: list[Deployment], policies) -> dict[int, tuple[int | None, s
     }
     refused = {
         pk: [
-            f"run #{r[0]} is {refusals[r[0]]}"
+            (r[0], refusals[r[0]])
             for r in runs
             if r[1] == pk and r[2] == profile_id and refusals[r[0]]
         ][:MAX_RUNS]

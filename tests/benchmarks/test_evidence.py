@@ -170,12 +170,44 @@ def test_chunks_read_together_count_as_one_chunk_of_several_tokens():
         "token_chunks": 4,
         "multi_token_chunks": 4,
         "multi_token_chunk_share": 1.0,
+        "coalesced_chunks": 4,
+        "coalesced_chunk_share": 1.0,
+        "multi_token_events": 0,
+        "multi_token_event_share": 0.0,
     }
     # Apart: none did.
     spread = [0.1, 0.11, 0.12, 0.13]
     assert chunk_health([record(spread)])["multi_token_chunk_share"] == 0.0
     # Usage counted more tokens than events came: the engine put several in one event.
-    assert chunk_health([record(spread, output_tokens=8)])["multi_token_chunks"] == 4
+    engine = chunk_health([record(spread, output_tokens=8)])
+    assert engine["multi_token_chunks"] == engine["multi_token_events"] == 4
+    assert engine["coalesced_chunks"] == 0
+
+
+def test_an_engine_that_streams_several_tokens_an_event_is_not_client_limited():
+    """SGLang's --stream-interval 4 (or speculative decoding): four tokens an event, each event
+    read on its own. ITL is per event, which the run says; the client kept up."""
+    records = [record([i + 0.03 + 0.08 * k for k in range(8)], output_tokens=32) for i in range(20)]
+    document = {
+        **summarize(records),
+        "client_health": {"loop_lag_ms": {"p50": 0.5, "p99": 3.0, "max": 9.0, "samples": 10}},
+    }
+    found = judge(health_from_document(document))
+    assert found.state == USABLE and not found.reasons, found
+    assert found.caveats == (
+        "ITL is per event, not per token: the engine sent several tokens in up to 100% of its "
+        "events (160 of 160), as it streams (e.g. --stream-interval, speculative decoding)",
+    )
+    assert found.caveats[0] in found.summary and found.to_dict()["caveats"] == list(found.caveats)
+    # The same events read two at a time by a busy client: that is the client's.
+    paired = [
+        record([i + 0.03 + 0.08 * (k // 2) for k in range(8)], output_tokens=32) for i in range(20)
+    ]
+    limited = judge(
+        health_from_document({**summarize(paired), "client_health": document["client_health"]})
+    )
+    assert limited.limited
+    assert any("carried several tokens read at once" in r for r in limited.reasons), limited
 
 
 def test_a_run_whose_stored_chunks_coalesced_is_client_limited_not_itl_zero():
@@ -196,7 +228,7 @@ def test_a_run_whose_stored_chunks_coalesced_is_client_limited_not_itl_zero():
     found = judge(health_from_document(document))
     assert found.limited
     assert any(
-        r.startswith("ITL not measurable: 100% of chunks carried several tokens")
+        r.startswith("ITL not measurable: 100% of chunks carried several tokens read at once")
         for r in found.reasons
     ), found.reasons
 

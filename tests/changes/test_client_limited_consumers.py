@@ -124,8 +124,28 @@ def test_capacity_at_slo_does_not_count_a_client_limited_run():
     bad = staged_run(deployment, profile, client_health=LIMITED)
     state = scaling_state(deployment)
     assert state.capacity.status == "no_evidence" and state.evidence_points == 0
-    assert state.refused_runs == [f"run #{bad.pk} is {usable_as_evidence(bad).refusal}"]
+    assert state.refused_runs == [(bad.pk, usable_as_evidence(bad).refusal)]
     good = staged_run(deployment, profile, client_health=HEALTHY)
     state = scaling_state(deployment)
     assert state.evidence_points == 3 and state.capacity.best.run_id == good.pk
-    assert state.as_dict()["refused_runs"][0].startswith(f"run #{bad.pk} is client-limited")
+    (refused,) = state.as_dict()["refused_runs"]
+    assert refused["run_id"] == bad.pk and refused["reason"].startswith("client-limited: ")
+
+
+def test_the_scaling_api_and_page_list_the_refused_runs(client, operator):
+    deployment = running()
+    profile = make_profile(spec=STAGED)
+    bad = staged_run(deployment, profile, client_health=LIMITED)
+    good = staged_run(deployment, profile, client_health=HEALTHY)
+    client.force_login(operator)
+    capacity = client.get(f"/api/v1/deployments/{deployment.pk}/scaling/").json()["capacity"]
+    assert capacity["points"] == 3 and capacity["best"]["run_id"] == good.pk
+    assert capacity["refused_runs"] == [
+        {
+            "run_id": bad.pk,
+            "run_url": f"/benchmarks/{bad.pk}/",
+            "reason": usable_as_evidence(bad).refusal,
+        }
+    ]
+    page = client.get(f"/scaling/deployments/{deployment.pk}/").content.decode()
+    assert f'href="/benchmarks/{bad.pk}/">run #{bad.pk}</a> is client-limited: ' in page

@@ -392,3 +392,61 @@ def test_the_api_verdict_of_two_runs_applies_the_same_guards_and_limit_words(dep
     assert body["text"].startswith("regression: hard guard: 12 sequences preempted")
     ttft = next(c for c in body["checks"] if c["metric"] == "ttft_p95_ms")
     assert ttft["limit_applied"] == f"+20% of run #{baseline.pk}'s 300.0 ms = 360.0 ms"
+
+
+def itl_run(deployment, profile, p95: float, se: float | None, completed: int = 200):
+    """A finished run with its ITL p95 and the load generator's standard error of it, and a
+    request log (runs pool only with theirs)."""
+    run = make_finished_run(
+        deployment,
+        load_profile=profile,
+        completed=completed,
+        itl_p95_ms=p95,
+        ttft_p95_ms=150.0,
+        summary={} if se is None else {"p95_itl_se_ms": se},
+        server={
+            "available": True,
+            "prefix_cache_hit_rate": 0.0,
+            "kv_cache_usage_max": 0.4,
+            "preemptions": 0,
+        },
+    )
+    logged = [request(i, 100 + i % 50) for i in range(completed)]
+    RunRequestLog.objects.create(run=run, count=len(logged), data=records.encode(logged))
+    return run
+
+
+def itl_check(result: dict) -> dict:
+    return next(c for c in result["checks"] if c["metric"] == "itl_p95_ms")
+
+
+def test_itl_within_its_noise_band_cannot_be_judged_and_extra_runs_narrow_it(deployment):
+    """ITL p95 had no band: +5 % on a run whose ITL p95 could lie anywhere in -15 %..+26 %
+    was "ok". Its band now comes from the load generator (batch means of whole requests);
+    extra runs of the new config pool their p95s and narrow it."""
+    profile = make_profile("chat")
+    baseline = itl_run(deployment, profile, 20.0, 0.1)  # 19.8 .. 20.2 ms
+    thresholds = verification.verdict.Thresholds(0.01, 0.5, 0.10)
+    noisy = itl_run(deployment, profile, 21.0, 2.0)  # 17.1 .. 24.9 ms
+    result = verification.judge_runs(baseline, noisy, thresholds)
+    itl = itl_check(result)
+    assert itl["ok"] is None and itl["noisy"] and result["measure_more"], result
+    assert itl["noise"] == [-0.1543, 0.2583]
+    assert result["outcome"] == "inconclusive"
+    assert "cannot judge ITL p95: run-to-run noise ±21% (-15% to +26%)" in result["reason"]
+    # Fifteen more runs of the new config at 21 ms, each with a standard error of 1 ms: the
+    # pooled one is √(2² + 15·1²)/16 = 0.27 ms, a band of 20.47 .. 21.53 ms: at most +8.7 %
+    # of the baseline's 19.8 ms, under the +10 % limit.
+    extra = [itl_run(deployment, profile, 21.0, 1.0) for _ in range(15)]
+    pooled = verification.judge_runs(baseline, noisy, thresholds, extra=extra)
+    itl = itl_check(pooled)
+    assert itl["ok"] is True and not itl.get("noisy"), itl
+    assert itl["noise"][1] < 0.10 and pooled["outcome"] == "verified", pooled
+    # Runs without the standard error (older, imported): no band, judged as before.
+    plain = verification.judge_runs(
+        itl_run(deployment, profile, 20.0, None),
+        itl_run(deployment, profile, 21.0, None),
+        thresholds,
+    )
+    itl = itl_check(plain)
+    assert itl["ok"] is True and "noise" not in itl, itl

@@ -9,8 +9,9 @@ What each client stored must be exactly what each engine sent: no client error, 
 request's answer complete, each response body the load generator read byte for byte the body the
 simulator streamed for that response id (its ``/simulator/sent``), the tokens and requests each
 simulator counted on its own /metrics equal to what the run recorded, and a probe's answers
-byte for byte those it got alone (the engine's answers are data: ``--knowledge``). The host is never marked unreachable (its poll
-transport was once closed under a reader when the price changed), and no poll fails.
+byte for byte those it got alone (the engine's answers are data: ``--knowledge``). The host is
+never marked unreachable (its poll transport was once closed under a reader when the price
+changed), and no poll fails.
 
 Waits are on conditions (task signals, events), never on sleeps; the profiles are short."""
 
@@ -29,8 +30,8 @@ from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks import records
-from benchmarks.models import BenchmarkRun, RunRequestLog
 from benchmarks.loadgen import transport
+from benchmarks.models import BenchmarkRun, RunRequestLog
 from benchmarks.models_quality import ProbeResult, ProbeSet
 from benchmarks.quality.builtin import SETS_DIR
 from benchmarks.services import probes
