@@ -248,11 +248,18 @@ def usable_as_evidence(run) -> Evidence:
     return found
 
 
-def health_from_document(document: dict) -> dict:
+def health_from_document(document: dict, engine_time_scale: float | None = None) -> dict:
     """The health a run's stored results are judged by, from a load generator result document
     (``Result.to_dict()``: the summary's keys at the top, ``server``, ``client_health``): the
     client's own health, tokens per chunk, client and engine TTFT/ITL of the window and the
-    client-side errors. Empty parts are left out (an imported file has few of them)."""
+    client-side errors. Empty parts are left out (an imported file has few of them).
+
+    ``engine_time_scale``: the engine is a simulator whose clock runs this many wall seconds
+    per simulated second (``--time-scale``). Its histograms are in its own seconds, the
+    client's in wall seconds: the engine's TTFT/ITL are put in wall milliseconds so the two
+    compare (a simulator 20x faster than real time otherwise always looks far slower than
+    its client, and the check could never fire). At 0 (as fast as possible) its durations
+    have no wall meaning: they are left out, and the check says it was not made."""
     document = document if isinstance(document, dict) else {}
     health = dict(document.get("client_health") or {})
     if _num(document.get("multi_token_chunk_share")) is not None:
@@ -278,15 +285,24 @@ def health_from_document(document: dict) -> dict:
         health["client"] = client
     server = document.get("server") if isinstance(document.get("server"), dict) else {}
     if server.get("available"):
+        scale = _num(engine_time_scale)
+        scale = 1.0 if scale is None or scale < 0 else scale
+
+        def wall(key: str) -> float | None:
+            value = _num(server.get(key))
+            return None if value is None or scale == 0 else value * scale
+
         engine = {
             "engine": server.get("engine"),
-            "ttft_mean_ms": _num(server.get("server_mean_ttft_ms")),
-            "ttft_p50_ms": _num(server.get("server_p50_ttft_ms")),
-            "ttft_p95_ms": _num(server.get("server_p95_ttft_ms")),
-            "itl_mean_ms": _num(server.get("server_mean_itl_ms")),
-            "itl_p50_ms": _num(server.get("server_p50_itl_ms")),
-            "itl_p95_ms": _num(server.get("server_p95_itl_ms")),
+            "ttft_mean_ms": wall("server_mean_ttft_ms"),
+            "ttft_p50_ms": wall("server_p50_ttft_ms"),
+            "ttft_p95_ms": wall("server_p95_ttft_ms"),
+            "itl_mean_ms": wall("server_mean_itl_ms"),
+            "itl_p50_ms": wall("server_p50_itl_ms"),
+            "itl_p95_ms": wall("server_p95_itl_ms"),
         }
+        if scale != 1.0:
+            engine["time_scale"] = scale
         health["engine"] = engine
     by_class = document.get("errors_by_class")
     if isinstance(by_class, dict) and health:

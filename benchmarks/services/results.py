@@ -17,6 +17,7 @@ from benchmarks.metrics import RECORDED
 from benchmarks.models import BenchmarkRun, RunPoint, RunRequestLog
 from benchmarks.services.prices import hourly_price_for
 from controlpanel.choices import OperationStatus
+from hosts.choices import Runner
 
 # Result-document keys that are not part of the summary.
 NOT_SUMMARY = {
@@ -106,7 +107,21 @@ def _set_columns(run: BenchmarkRun, document: dict) -> None:
     run.server = clean(server)
     run.notes = list(document.get("notes") or [])
     run.stopped_early = (document.get("stopped_early") or "")[:300]
-    run.client_health = clean(health_from_document(document))
+    run.client_health = clean(health_from_document(document, engine_time_scale(run)))
+
+
+def engine_time_scale(run: BenchmarkRun) -> float | None:
+    """The wall seconds per simulated second of the run's engine, where the panel runs it as
+    a simulator with a ``time_scale`` (``benchmarks.evidence.health_from_document``); None
+    for an engine (or a simulator at real time)."""
+    deployment = run.deployment if run.deployment_id else None
+    if deployment is None or deployment.runner != Runner.SIMULATOR:
+        return None
+    options = deployment.simulator if isinstance(deployment.simulator, dict) else {}
+    try:
+        return float(options["time_scale"]) if "time_scale" in options else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _replace_points(run: BenchmarkRun, timeline: list[dict]) -> None:

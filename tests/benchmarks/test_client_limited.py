@@ -176,3 +176,29 @@ def test_the_cost_page_does_not_rank_a_client_limited_run(client, viewer):
     report = page.context["report"]
     assert report.ranking.cheapest.key.startswith(f"{fine.pk}-")
     assert "not ranked: client-limited: event-loop lag p99 48 ms" in page.content.decode()
+
+
+@pytest.mark.django_db
+def test_a_run_on_a_time_scaled_simulator_is_checked_against_its_engine_in_wall_time():
+    from tests.factories import make_sim_deployment
+
+    document = {
+        **summarize([record(i, [i + 0.06 + 0.002 * k for k in range(16)]) for i in range(20)]),
+        "server": {"available": True, "engine": "vllm", "server_mean_ttft_ms": 600.0},
+        "client_health": {"loop_lag_ms": {"p50": 1.0, "p99": 4.0, "max": 9.0, "samples": 50}},
+    }
+    fast = make_sim_deployment(
+        make_host(), simulator={"gpu": "h100-sxm", "startup_seconds": 0.3, "time_scale": 0.05}
+    )
+    run = make_run(fast, status="succeeded")
+    store_results(run, document)
+    run.refresh_from_db()
+    engine = run.client_health["engine"]
+    assert (engine["ttft_mean_ms"], engine["time_scale"]) == (30.0, 0.05)
+    assert "vs the engine's own 30.0 ms" in usable_as_evidence(run).refusal
+    # The same numbers from a real engine (or a simulator at real time): taken as they are.
+    plain = make_run(make_deployment(), status="succeeded")
+    store_results(plain, document)
+    plain.refresh_from_db()
+    assert plain.client_health["engine"]["ttft_mean_ms"] == 600.0
+    assert usable_as_evidence(plain).usable

@@ -247,3 +247,29 @@ def test_report_mode_judges_and_shows_but_refuses_nothing(monkeypatch):
     assert found.usable and not found.limited and found.refusal is None
     assert found.reported and "event-loop lag p99 48 ms" in found.reported[0]
     assert found.to_dict()["reported"] == list(found.reported)
+
+
+def test_a_time_scaled_simulators_histograms_are_put_in_wall_time():
+    """A simulator 20x faster than real time reports its TTFT in its own seconds (20x the wall
+    time a client sees): compared as is, the client always looked far faster than the engine
+    and the check could never fire. In wall milliseconds, a starved client shows."""
+    document = {
+        "mean_ttft_ms": 60.0,  # the client: 60 ms of wall time
+        "mean_itl_ms": 2.0,
+        "server": {
+            "available": True,
+            "engine": "vllm",
+            "server_mean_ttft_ms": 600.0,  # the simulator's 600 simulated ms = 30 wall ms
+            "server_mean_itl_ms": 20.0,
+        },
+    }
+    assert judge(health_from_document(document)).state == USABLE  # blind: 60 < 600
+    health = health_from_document(document, engine_time_scale=0.05)
+    assert health["engine"]["ttft_mean_ms"] == 30.0 and health["engine"]["time_scale"] == 0.05
+    found = judge(health)
+    assert found.limited
+    assert "client TTFT mean 60.0 ms vs the engine's own 30.0 ms" in found.refusal
+    # As fast as possible: no wall meaning, not checked (rather than judged on nonsense).
+    fastest = judge(health_from_document(document, engine_time_scale=0))
+    assert "TTFT against the engine's" in fastest.unchecked and not fastest.limited
+    assert health_from_document(document, engine_time_scale=1.0) == health_from_document(document)
