@@ -156,6 +156,8 @@ class DemoFleet:
                     str(home / "state"),
                     "--simulate",
                     host.simulate,
+                    # The demo's engines end with the panel that started them.
+                    "--stop-engines-on-exit",
                 ],
                 cwd=ROOT,
                 stdout=subprocess.PIPE,

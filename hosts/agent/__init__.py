@@ -39,8 +39,10 @@ be ``"conflict"`` (see State below), an operation's kind ``"adopt"`` or ``"recov
 agent's own, at its start); an operation carries ``"steps"`` (its
 progress, one timestamped line per step). A second apply/restart while one runs on the same
 engine gets 409 naming the running operation; ``stop`` during an apply or restart cancels it
-(the operation ends ``failed``, "stopped by request"). Engines are stopped when the agent gets
-SIGTERM or SIGINT.
+(the operation ends ``failed``, "stopped by request"). Engines keep running when the agent
+exits (SIGTERM, SIGINT: ``systemctl restart`` and upgrades send SIGTERM) and the next agent
+adopts them; only an explicit stop stops one, or ``--stop-engines-on-exit`` (the demo fleet,
+whose agents own their engines' lifetime).
 
 Decisions (see the modules for the why):
 - Token file (``server.read_token``): refused when missing, empty, or accessible to every user

@@ -459,6 +459,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="GPU[:COUNT]",
         help="report simulated GPUs of this catalog model (e.g. h100-sxm:2)",
     )
+    parser.add_argument(
+        "--stop-engines-on-exit",
+        action="store_true",
+        help="stop the engines when the agent exits (SIGTERM, SIGINT): for an agent that owns "
+        "its engines' lifetime (the demo fleet). By default they keep running and the next "
+        "agent adopts them: `systemctl restart` and upgrades send SIGTERM, and an engine "
+        "stops only when the panel asks",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     return parser
 
@@ -521,7 +529,11 @@ def main(argv: list[str] | None = None) -> int:
     supervisor.gpu_count = agent.gpu_count
 
     def shut_down(signum, frame):
-        log.info("signal %d: stopping the engines and the server", signum)
+        log.info(
+            "signal %d: stopping the server%s",
+            signum,
+            " and the engines" if args.stop_engines_on_exit else " (the engines keep running)",
+        )
         threading.Thread(target=server.shutdown, daemon=True).start()
 
     signal.signal(signal.SIGTERM, shut_down)
@@ -538,7 +550,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.serve_forever(poll_interval=0.2)
     finally:
-        supervisor.shutdown()
+        if args.stop_engines_on_exit:
+            supervisor.shutdown()
+        else:
+            supervisor.detach()
         server.server_close()
         server.agent.nvml.close()
         log.info("stopped")

@@ -485,6 +485,17 @@ class Supervisor:
         engine = self.get(name)
         return list(engine.log)[-lines:] if lines > 0 else []
 
+    def detach(self) -> None:
+        """Leave every engine running for the next agent (which adopts what it recorded): no
+        new operation starts, and nothing is stopped. An apply or restart under way stays
+        recorded as pending; the next agent resolves it to the last good config, as after a
+        crash."""
+        with self.lock:
+            self.closing = True
+            running = [e.name for e in self.engines.values() if e.pid]
+        if running:
+            log.info("leaving %d engine(s) running for the next agent: %s", len(running), running)
+
     def shutdown(self) -> None:
         """Stop every engine (in parallel: each may take the whole grace period)."""
         with self.lock:

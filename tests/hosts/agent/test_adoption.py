@@ -117,6 +117,46 @@ def test_a_restarted_agent_adopts_the_healthy_engine_a_killed_agent_left_running
         assert gone(new_pid)
 
 
+def test_systemctl_restart_leaves_the_engines_running_and_the_new_agent_adopts_them(
+    start_agent, engines_left
+):
+    """The installed unit's restart (``KillMode=process``): SIGTERM to the agent's own pid
+    only, then the unit starts it again. The agent used to stop its engines on SIGTERM; now
+    they keep serving through the restart and only an explicit stop ends them."""
+    first = start_agent("--simulate", "h100-sxm:2")
+    port = free_port()
+    with first.client() as client:
+        assert apply_and_wait(client, "llama", sim_config(port))["state"] == "ready"
+        pid = status_of(client, "llama")["pid"]
+    engines_left.append(pid)
+
+    assert first.terminate() == 0  # SIGTERM: exits cleanly, at once
+    assert not gone(pid) and listening(port)
+    assert "keep running" in first.log() and "leaving 1 engine(s) running" in first.log()
+    assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).status_code == 200
+
+    second = again(start_agent, first)
+    with second.client() as client:
+        status = settled(client, "llama")
+        assert status["state"] == "ready" and status["pid"] == pid, status
+        assert f"adopting pid {pid}" in status["recovery"]["message"]
+        # Stopped only when asked.
+        assert client.post("/v1/engines/llama/stop").json()["state"] == "stopped"
+        assert gone(pid)
+
+
+@pytest.mark.django_db
+def test_the_installed_unit_restarts_the_agent_alone():
+    """What the test above relies on: the unit signals the agent's pid only and the agent
+    runs without --stop-engines-on-exit."""
+    from hosts.services.agent_install import agent_install
+    from tests.factories import make_host
+
+    unit = agent_install(make_host(), "https://panel.example/agent.pyz", "t" * 40).unit
+    assert "KillMode=process" in unit.splitlines()
+    assert "--stop-engines-on-exit" not in unit
+
+
 def test_an_engine_that_died_while_no_agent_watched_is_reported_stopped(start_agent):
     first = start_agent("--simulate", "h100-sxm:2")
     port = free_port()

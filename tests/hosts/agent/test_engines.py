@@ -195,7 +195,10 @@ def test_one_operation_per_engine_at_a_time(sim_agent):
         assert apply(client, "busy", sim_config(port)).status_code == 202
 
 
-def test_stop_restart_crash_and_agent_shutdown(sim_agent, start_agent):
+def test_stop_restart_crash_and_agent_shutdown(start_agent):
+    # An agent that owns its engines' lifetime (the demo fleet's); by default they outlive it
+    # (test_adoption.py: the systemd unit's restart).
+    sim_agent = start_agent("--simulate", "h100-sxm:2", "--stop-engines-on-exit")
     port = free_port()
     with sim_agent.client() as client:
         assert apply_and_wait(client, "eng", sim_config(port))["state"] == "ready"
@@ -227,7 +230,7 @@ def test_stop_restart_crash_and_agent_shutdown(sim_agent, start_agent):
         assert op["state"] == "ready"
         pid = client.get("/v1/engines/eng").json()["pid"]
 
-    # SIGTERM to the agent stops its engines before it exits.
+    # SIGTERM to that agent stops its engines before it exits.
     assert sim_agent.terminate() == 0
     assert gone(pid)
     assert sim_agent.token not in sim_agent.log()
