@@ -35,7 +35,8 @@ S = SweepState
 SWEEP_TRANSITIONS: dict[SweepState, frozenset[SweepState]] = {
     S.PREDICTING: frozenset({S.PENDING, S.READY, S.FAILED, S.CANCELLED}),
     S.PENDING: frozenset({S.READY, S.REJECTED, S.CANCELLED}),
-    S.READY: frozenset({S.RUNNING, S.CANCELLED}),
+    # Back to review when a host it restarts was labelled production after it was approved.
+    S.READY: frozenset({S.RUNNING, S.PENDING, S.CANCELLED}),
     S.RUNNING: frozenset({S.DONE, S.FAILED, S.CANCELLED}),
     S.DONE: frozenset(),
     S.FAILED: frozenset(),

@@ -60,6 +60,35 @@ def required_approvals(deployments) -> int:
     return 0
 
 
+def recount_approvals(actor, sweep: Sweep) -> str | None:
+    """Required approvals follow the hosts' labels as they are now, not as they were when the
+    sweep was created (as a change's: ``review.recount_approvals``): an Admin may label a
+    host it restarts production in between. Raises the count when the rule now asks for
+    more, audited; a ready sweep short of it goes back to review. Returns why, when it did.
+    Call inside the sweep's lock."""
+    deployments = [lane.deployment for lane in sweep.lanes.select_related("deployment__host")]
+    needed = required_approvals(deployments)
+    if needed <= sweep.required_approvals:
+        return None
+    before = sweep.required_approvals
+    sweep.required_approvals = needed
+    sweep.save(update_fields=["required_approvals", "updated_at"])
+    why = (
+        f"a host it restarts is labelled production now: the sweep needs {needed} approval"
+        f"{'s' if needed != 1 else ''} (it needed {before} when it was created)"
+    )
+    audit(
+        actor,
+        "sweep.approvals_required",
+        sweep,
+        before={"required": before},
+        after={"required": needed, "reason": why},
+    )
+    if sweep.state == S.READY and sweep.approvals_count() < needed:
+        sweep.transition_to(S.PENDING)
+    return why
+
+
 def target(deployment: Deployment) -> dict:
     """What the prediction models: the simulator's GPU key and count, the time scale of a
     simulated engine (it runs that much faster than a real GPU, and its measured numbers
@@ -261,8 +290,10 @@ def review_sweep(actor, sweep: Sweep, decision: str, comment: str = "") -> Sweep
                 f": {comment}" if comment else ""
             )
             sweep.save(update_fields=["outcome"])
-        elif sweep.approvals_count() >= sweep.required_approvals:
-            sweep.transition_to(S.READY)
+        else:
+            recount_approvals(actor, sweep)
+            if sweep.approvals_count() >= sweep.required_approvals:
+                sweep.transition_to(S.READY)
     publish_sweep(sweep)
     return sweep
 
@@ -271,7 +302,15 @@ def review_sweep(actor, sweep: Sweep, decision: str, comment: str = "") -> Sweep
 def start_sweep(actor, sweep: Sweep) -> Sweep:
     """Start the trials: every lane's deployment must be free (``occupancy``: no run, no
     operation, no change holding it) and still run the config the sweep was made from; then
-    each lane holds its deployment until its config is back, and runs on a worker."""
+    each lane holds its deployment until its config is back, and runs on a worker. A sweep
+    whose hosts now need more approvals than it has goes back to review instead."""
+    with transaction.atomic():
+        sweep = _locked(sweep)
+        require("start", actor, sweep)
+        why = recount_approvals(actor, sweep)
+    if why and sweep.state != S.READY:
+        publish_sweep(sweep)
+        raise SweepRefused(f"Sweep #{sweep.pk} is back in review: {why}.")
     with transaction.atomic():
         sweep = _locked(sweep)
         require("start", actor, sweep)

@@ -16,6 +16,7 @@ from changes.choices import LaneState, SweepState, TrialState
 from changes.models import Sweep, SweepLane
 from changes.rules_sweeps import SweepRefused
 from changes.services import sweep_prediction, sweep_trials, sweeps
+from controlpanel.models import AuditEntry
 from hosts.services import occupancy
 from tests.factories import make_config, make_host, make_profile, make_sim_deployment
 
@@ -152,6 +153,37 @@ def test_a_production_host_needs_two_approvals_never_the_authors(
         sweeps.review_sweep(approver, sweep, "approve")
     sweeps.review_sweep(admin, sweep, "approve", "looks safe")
     assert Sweep.objects.get(pk=sweep.pk).state == SweepState.READY
+
+
+def test_a_host_labelled_production_after_creation_needs_its_approvals_at_start(
+    operator, approver, admin, deployment
+):
+    """Issue 38 item 7, the sweep's side: the count was fixed at creation, so a sweep made on
+    an unlabelled host ran on it with none after an Admin labelled it production."""
+    sweep = predicted(operator, deployment)
+    assert sweep.required_approvals == 0 and sweep.state == SweepState.READY
+    deployment.host.labels = {"env": "production"}
+    deployment.host.save()
+    with pytest.raises(SweepRefused, match="back in review: a host it restarts is labelled"):
+        sweeps.start_sweep(operator, sweep)
+    sweep.refresh_from_db()
+    assert (sweep.state, sweep.required_approvals) == (SweepState.PENDING, 2)
+    assert not sweep.lanes.filter(state=LaneState.QUEUED).exists()
+    assert AuditEntry.objects.filter(action="sweep.approvals_required", object_id=str(sweep.pk))
+    sweeps.review_sweep(approver, sweep, "approve")
+    assert Sweep.objects.get(pk=sweep.pk).state == SweepState.PENDING  # one of two
+    sweeps.review_sweep(admin, sweep, "approve")
+    assert started(operator, Sweep.objects.get(pk=sweep.pk)).state == SweepState.RUNNING
+
+
+def test_approvals_are_recounted_when_reviewed(operator, approver, admin, deployment):
+    deployment.host.labels = {"env": "production"}
+    deployment.host.save()
+    sweep = predicted(operator, deployment)
+    Sweep.objects.filter(pk=sweep.pk).update(required_approvals=1)  # as counted long ago
+    sweeps.review_sweep(approver, sweep, "approve")
+    sweep.refresh_from_db()
+    assert (sweep.state, sweep.required_approvals) == (SweepState.PENDING, 2)
 
 
 def test_a_rejected_sweep_ends_and_its_trials_never_run(operator, approver, deployment):
