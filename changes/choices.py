@@ -118,12 +118,15 @@ class LaneState(ColouredChoices):
     PLANNED = "planned", "Planned", "grey"
     QUEUED = "queued", "Queued", "grey"
     RUNNING = "running", "Running trials", "blue"
+    # Its original config could not be put back because the host did not answer: retried
+    # with backoff until it does (controlpanel.lostwork), the deployment held meanwhile.
+    RESTORE_PENDING = "restore_pending", "Restore pending", "amber"
     RESTORED = "restored", "Config restored", "green"
     FAILED = "failed", "Restore failed", "red"
 
 
 # A deployment taking part in a sweep in these lane states is held by it (partial unique index).
-LANE_LOCK_STATES = (LaneState.QUEUED, LaneState.RUNNING)
+LANE_LOCK_STATES = (LaneState.QUEUED, LaneState.RUNNING, LaneState.RESTORE_PENDING)
 
 
 class VersionOutcome(ColouredChoices):

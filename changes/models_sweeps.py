@@ -207,6 +207,12 @@ class SweepLane(models.Model):
     owner = models.CharField(max_length=64, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     note = models.CharField(max_length=500, blank=True)
+    restore_attempts = models.PositiveIntegerField(
+        default=0, help_text="Restores tried while the host did not answer."
+    )
+    restore_next_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a pending restore is tried again."
+    )
 
     class Meta:
         ordering = ["sweep", "pk"]

@@ -3,13 +3,14 @@ records a failure or a time limit on the change (its timeline), so a lost or bro
 never leaves a change applying without a word."""
 
 from celery import shared_task
+from django.conf import settings
 
 from changes import notify
 from changes.models import ChangeRequest
 from changes.services import apply as change_apply
 from changes.services import pipeline
 from controlpanel import timelimits
-from controlpanel.jobs import enqueue, run_job
+from controlpanel.jobs import run_job
 
 
 # The limit is sent per call from the change (apply.time_limit); this default only covers
@@ -74,16 +75,22 @@ def run_sweep_lane(self, lane_pk: int) -> None:
     )
 
 
+# A restore waits for the engine's start, like any engine operation.
+@shared_task(ignore_result=True, **timelimits.operation(settings.ENGINE_READY_TIMEOUT).options())
+def retry_restore(lane_pk: int) -> None:
+    """One try of a sweep lane's pending restore (``sweep_trials.retry_restore``)."""
+    from changes.services import sweep_trials
+
+    sweep_trials.retry_restore(lane_pk)
+
+
 @shared_task(ignore_result=True, **timelimits.RESUME_LOST_PIPELINES.options())
 def resume_lost_sweep_lanes() -> int:
-    """Lanes whose worker died go on on a new worker (their running trial is failed there,
-    the rest of the queue runs, the original config comes back)."""
-    from changes.services import sweep_trials, sweeps
+    """Lanes whose worker died go on on a new worker (``controlpanel.lostwork`` runs the
+    same pass every minute)."""
+    from changes.services import sweep_trials
 
-    lanes = list(sweep_trials.lost_lanes().select_related("sweep"))
-    for lane in lanes:
-        enqueue(sweeps.LANE_TASK, lane.pk, **sweeps.lane_time_limit(lane.sweep).options())
-    return len(lanes)
+    return sweep_trials.resume_lost_lanes()
 
 
 # A sweep scrapes every engine at once (ADVISOR_SCRAPE_SECONDS) and then evaluates each

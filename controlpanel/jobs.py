@@ -21,6 +21,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.db import transaction
 from django.db.models import Model, QuerySet
 
+from controlpanel import lostwork
 from controlpanel.celery import app
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,9 @@ def run_job(
     if (finished or _is_finished)(row):
         return None  # already handled: a redelivery, or cancelled while queued
     try:
-        return work(row)
+        # Claimed while it runs: a worker lost meanwhile is found by its stopped heartbeat.
+        with lostwork.claimed(row):
+            return work(row)
     except SoftTimeLimitExceeded:
         fail(row, f"{what} ran out of time")
     except Exception as exc:

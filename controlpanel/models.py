@@ -145,3 +145,25 @@ class AuditEntry(models.Model):
         before, after = self.before or {}, self.after or {}
         keys = sorted(set(before) | set(after))
         return [k for k in keys if before.get(k) != after.get(k)]
+
+
+class WorkClaim(models.Model):
+    """A worker's claim on one long job while it runs (``controlpanel.lostwork``): which row
+    (``kind`` is its model's label, ``object_id`` its key), which worker, and the heartbeat
+    it stamps every few seconds. A claim whose heartbeat stopped belongs to a lost worker:
+    the lost-work sweep ends its job truthfully, and a cancel ends it at once. Deleted when
+    the job's task returns, whatever happened."""
+
+    kind = models.CharField(max_length=64)
+    object_id = models.BigIntegerField()
+    owner = models.CharField(max_length=200, help_text="The worker (host, process, thread).")
+    claimed_at = models.DateTimeField(default=timezone.now)
+    heartbeat_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["kind", "object_id"], name="workclaim_one_per_job")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.object_id} on {self.owner}"

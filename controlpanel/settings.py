@@ -158,6 +158,10 @@ def _read():
         ),
         "CHANGE_HEALTH_TIMEOUT": env_float("CHANGE_HEALTH_TIMEOUT_SECONDS", 30.0, minimum=1),
         "CHANGE_HEARTBEAT_SECONDS": env_float("CHANGE_HEARTBEAT_SECONDS", 10.0, minimum=0.5),
+        "LOST_WORK_HEARTBEAT_SECONDS": env_float("LOST_WORK_HEARTBEAT_SECONDS", 10.0, minimum=0.5),
+        "LOST_WORK_AFTER_SECONDS": env_float("LOST_WORK_AFTER_SECONDS", 120.0, minimum=2.0),
+        "SWEEPS_PREDICTING_PER_USER": env_int("SWEEPS_PREDICTING_PER_USER", 2, minimum=1),
+        "SWEEPS_OPEN_PER_USER": env_int("SWEEPS_OPEN_PER_USER", 5, minimum=1),
         "QUALITY_PROBE_SET": env_str("QUALITY_PROBE_SET", "panel-core"),
         "CHANGE_NOTIFY_EMAILS": env_list("CHANGE_NOTIFY_EMAILS", []),
         "CHANGE_WEBHOOK_URL": env_secret("CHANGE_WEBHOOK_URL"),
@@ -530,18 +534,14 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
         default_hard=CELERY_TASK_TIME_LIMIT,
     )
 }
-CELERY_BEAT_SCHEDULE["fail-stale-benchmarks"] = {
-    "task": "benchmarks.tasks.fail_stale_runs",
-    "schedule": 60.0,
-}
-
-CELERY_BEAT_SCHEDULE["resume-lost-change-pipelines"] = {
-    "task": "changes.tasks.resume_lost_pipelines",
-    "schedule": 60.0,
-}
-# A tuning sweep's lane whose worker died: fail its trial, restore its config, go on.
-CELERY_BEAT_SCHEDULE["resume-lost-sweep-lanes"] = {
-    "task": "changes.tasks.resume_lost_sweep_lanes",
+# Work that outlives a lost worker (controlpanel.lostwork): every long job holds a claim it
+# stamps this often; a claim older than LOST_WORK_AFTER_SECONDS is a lost worker's, and one
+# sweep a minute ends its job (or resumes a pipeline or a sweep's lane, fails a silent
+# benchmark, retries a pending restore).
+LOST_WORK_HEARTBEAT_SECONDS = _env["LOST_WORK_HEARTBEAT_SECONDS"]
+LOST_WORK_AFTER_SECONDS = _env["LOST_WORK_AFTER_SECONDS"]
+CELERY_BEAT_SCHEDULE["sweep-lost-work"] = {
+    "task": "controlpanel.tasks.sweep_lost_work",
     "schedule": 60.0,
 }
 
@@ -553,6 +553,10 @@ CHANGE_PRODUCTION_APPROVALS = _env["CHANGE_PRODUCTION_APPROVALS"]
 CHANGE_HEALTH_TIMEOUT = _env["CHANGE_HEALTH_TIMEOUT"]
 # A running pipeline stamps its change this often; three missed beats make it resumable.
 CHANGE_HEARTBEAT_SECONDS = _env["CHANGE_HEARTBEAT_SECONDS"]
+# Quotas: a user's sweeps still predicting (each scores its whole space on a worker), and
+# those not finished (predicting, in review, ready, running).
+SWEEPS_PREDICTING_PER_USER = _env["SWEEPS_PREDICTING_PER_USER"]
+SWEEPS_OPEN_PER_USER = _env["SWEEPS_OPEN_PER_USER"]
 # The probe set a change touching the model's answers (model, dtype, quantisation, KV-cache
 # dtype) is verified with: the newest version of this name (built-in or uploaded).
 QUALITY_PROBE_SET = _env["QUALITY_PROBE_SET"]

@@ -40,6 +40,9 @@ DOWNSAMPLE_TELEMETRY = TimeLimit(280, 300)
 FAIL_STALE_RUNS = TimeLimit(100, 120)
 NOTIFY_CHANGE = TimeLimit(50, 60)
 RESUME_LOST_PIPELINES = TimeLimit(50, 60)
+# The lost-work sweep: its passes are the above's (silent runs, lost pipelines) and quick
+# queries; a pending restore it retries runs on its own task.
+SWEEP_LOST_WORK = TimeLimit(100, 120)
 # Reading an imported result file (up to 256 MiB, streamed: well under a minute).
 IMPORT_RESULT = TimeLimit(570, 600)
 

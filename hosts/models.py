@@ -590,6 +590,10 @@ class EngineOperation(BackgroundOperation):
         blank=True,
         help_text="Why it ran, when more than a plain apply: a rollback says so, and why.",
     )
+    host_unreachable = models.BooleanField(
+        default=False,
+        help_text="It failed because the host did not answer (nothing reached the engine).",
+    )
 
     class Meta(BackgroundOperation.Meta):
         constraints = [

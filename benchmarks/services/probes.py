@@ -31,6 +31,7 @@ from benchmarks.quality import (
 # change's stages and pages.
 from benchmarks.quality.compare import MIN_ITEMS_FOR_A_VERDICT, quality_verdict  # noqa: F401
 from benchmarks.quality.knowledge import knowledge_lines
+from controlpanel import lostwork
 from controlpanel.choices import OperationStatus
 from controlpanel.jobs import enqueue_on_commit
 from controlpanel.realtime import group_name, publish
@@ -260,6 +261,11 @@ def cancel_probe(actor, run: ProbeRun) -> ProbeRun:
             raise ProbeRefused(f"Probe #{run.pk} has finished: nothing to cancel.")
         if run.status == OperationStatus.QUEUED:
             run.transition_to(OperationStatus.CANCELLED, error="cancelled before it started")
+        elif lostwork.is_lost(run):
+            # No worker will read the request: ended here, which frees its deployment.
+            run.append_log("cancelled: " + lostwork.lost_text(lostwork.claim_of(run)))
+            run.transition_to(OperationStatus.CANCELLED, error="cancelled; its worker was lost")
+            lostwork.release(run)
         else:
             run.cancel_requested = True
             run.save(update_fields=["cancel_requested"])

@@ -32,7 +32,7 @@ from benchmarks.services.results import (
     status_badge,
     store_results,
 )
-from controlpanel import timelimits
+from controlpanel import lostwork, timelimits
 from controlpanel.choices import OperationStatus
 from controlpanel.jobs import enqueue_on_commit
 from controlpanel.realtime import group_name, publish
@@ -177,13 +177,18 @@ def _enqueue(run: BenchmarkRun, limit: int) -> None:
 def cancel_benchmark(actor, run: BenchmarkRun) -> BenchmarkRun:
     """Stop a run: a queued one is cancelled at once; a running one is asked to stop (the
     worker sees the flag within a second, aborts requests in flight and keeps what it
-    measured)."""
+    measured); one whose worker was lost (``controlpanel.lostwork``) is ended at once, as no
+    worker will read the request."""
     with transaction.atomic():
         run = BenchmarkRun.objects.select_for_update().get(pk=run.pk)
         if not run.cancellable:
             raise RunRefused(f"{run} is {run.get_status_display().lower()}: nothing to cancel.")
         if run.status == OperationStatus.QUEUED:
             run.transition_to(OperationStatus.CANCELLED, error="cancelled before it started")
+        elif lostwork.is_lost(run):
+            run.append_log("cancelled: " + lostwork.lost_text(lostwork.claim_of(run)))
+            run.transition_to(OperationStatus.CANCELLED, error="cancelled; its worker was lost")
+            lostwork.release(run)
         else:
             run.cancel_requested = True
             run.save(update_fields=["cancel_requested"])

@@ -174,6 +174,12 @@ def fail_prediction(sweep_pk: int, error: str) -> None:
     publish_sweep(sweep)
 
 
+def fail_lost_prediction(sweep: Sweep, why: str) -> None:
+    """The prediction's worker was lost (``controlpanel.lostwork``): the sweep ends failed
+    instead of "predicting" for ever. A sweep past its prediction is not touched."""
+    fail_prediction(sweep.pk, why)
+
+
 # --- how good the prediction was, quantity by quantity ------------------------------------------
 # What the prediction says of a trial at its max load, and where the measurement keeps the same
 # quantity: (quantity key, where predicted, where measured). "max_load" is the trial's field.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from datetime import timedelta
 
 from django.db import transaction
 from django.utils import timezone
@@ -28,6 +29,7 @@ from changes.services.stages import run_inline
 from changes.services.sweeps import publish_sweep
 from controlpanel.choices import OperationStatus
 from controlpanel.heartbeat import Heartbeat
+from controlpanel.jobs import enqueue
 from controlpanel.services import audit
 from hosts.choices import OperationOutcome
 from hosts.models import EngineConfig
@@ -52,8 +54,8 @@ def claim_lane(lane_pk: int, owner: str) -> SweepLane | None:
     """Take the lane for ``owner`` unless a live worker has it."""
     with transaction.atomic():
         lane = SweepLane.objects.select_for_update().filter(pk=lane_pk).first()
-        if lane is None or not lane.holds_lock:
-            return None
+        if lane is None or not lane.holds_lock or lane.state == LaneState.RESTORE_PENDING:
+            return None  # gone, done, or its restore is the lost-work sweep's to retry
         if lane.owner not in ("", owner) and lane.alive():
             return None
         lane.owner, lane.heartbeat_at, lane.state = owner, timezone.now(), LaneState.RUNNING
@@ -100,6 +102,8 @@ def _fail_orphans(lane: SweepLane) -> None:
 def _next_trial(lane: SweepLane) -> SweepTrial | None:
     """Claim the next queued trial (``skip_locked``: lanes take trials side by side), or end
     the queue early when the sweep is cancelled or out of time."""
+    if SweepLane.objects.filter(pk=lane.pk, state=LaneState.RESTORE_PENDING).exists():
+        return None  # its host stopped answering: no trial can run until it is back
     with transaction.atomic():
         sweep = Sweep.objects.get(pk=lane.sweep_id)
         trial = (
@@ -374,16 +378,22 @@ def _end_trial(trial: SweepTrial, state: TrialState, *, error: str = "", note: s
 # --- the way back ------------------------------------------------------------------------------
 def restore(lane: SweepLane, *, keep_lane: bool = False) -> None:
     """Put the lane's original config back on its deployment (unless it already runs it);
-    the lane then releases the deployment unless ``keep_lane`` (more trials follow). A
-    failed restore is said loudly: the deployment needs attention."""
+    the lane then releases the deployment unless ``keep_lane`` (more trials follow). When the
+    host does not answer the restore is *pending*: the lane keeps the deployment and the
+    lost-work sweep tries again with backoff (``retry_pending_restores``) until it does. A
+    restore the engine itself failed is said loudly: the deployment needs attention."""
     lane.refresh_from_db()
+    if lane.state == LaneState.RESTORE_PENDING and (
+        lane.restore_next_at is not None and lane.restore_next_at > timezone.now()
+    ):
+        return None  # not due yet: the next try is the sweep's
     deployment = lane.deployment
     deployment.refresh_from_db()
     original = lane.original_config
     if original is None or deployment.active_config_id == original.pk:
-        if not keep_lane:
+        if not keep_lane or lane.state == LaneState.RESTORE_PENDING:
             _end_lane(lane, LaneState.RESTORED, f"{deployment} runs v{original.version} again")
-        return
+        return None
     try:
         operation = host_operations.request_operation(
             lane.sweep.created_by,
@@ -400,15 +410,99 @@ def restore(lane: SweepLane, *, keep_lane: bool = False) -> None:
     lane.save(update_fields=["restore_operation"])
     operation = run_inline(operation)
     if operation.outcome == OperationOutcome.READY:
-        if not keep_lane:
+        if not keep_lane or lane.state == LaneState.RESTORE_PENDING:
             _end_lane(lane, LaneState.RESTORED, f"{deployment} runs v{original.version} again")
         return None
+    if operation.host_unreachable:
+        return _restore_pending(lane, original, operation.error)
     message = (
         f"restoring v{original.version} on {deployment} failed: "
         f"{operation.error or operation.get_outcome_display()} — the deployment needs attention"
     )
     audit(None, "sweep.restore_failed", lane.sweep, after={"deployment": str(deployment)})
     return _end_lane(lane, LaneState.FAILED, message)
+
+
+# Waits between tries of a restore whose host did not answer; then every RESTORE_BACKOFF_S[-1].
+RESTORE_BACKOFF_S = (30, 60, 120, 300, 600)
+
+
+def _restore_pending(lane: SweepLane, original: EngineConfig, why: str) -> None:
+    attempts = lane.restore_attempts + 1
+    wait = RESTORE_BACKOFF_S[min(attempts, len(RESTORE_BACKOFF_S)) - 1]
+    next_at = timezone.now() + timedelta(seconds=wait)
+    note = (
+        f"restore of v{original.version} pending: the host did not answer ({why}); "
+        f"tried {attempts} time{'s' if attempts != 1 else ''}, next at {next_at:%H:%M:%S} UTC"
+    )
+    SweepLane.objects.filter(pk=lane.pk).update(
+        state=LaneState.RESTORE_PENDING,
+        restore_attempts=attempts,
+        restore_next_at=next_at,
+        note=note[:500],
+        owner="",
+    )
+    lane.state, lane.restore_attempts, lane.restore_next_at = (
+        LaneState.RESTORE_PENDING,
+        attempts,
+        next_at,
+    )
+    # The lane's other trials cannot run on a host that does not answer.
+    SweepTrial.objects.filter(sweep_id=lane.sweep_id, state=T.QUEUED).update(
+        state=T.SKIPPED, note="the host stopped answering; the original config is being restored"
+    )
+    audit(
+        None,
+        "sweep.restore_pending",
+        lane.sweep,
+        after={"deployment": str(lane.deployment), "attempts": attempts, "reason": why[:300]},
+    )
+    publish_sweep(lane.sweep)
+
+
+def retry_pending_restores() -> int:
+    """The lost-work sweep's pass: queue a try of each pending restore that is due."""
+    due = SweepLane.objects.filter(
+        state=LaneState.RESTORE_PENDING, restore_next_at__lte=timezone.now()
+    ).values_list("pk", flat=True)
+    lanes = list(due)
+    for pk in lanes:
+        enqueue(RETRY_RESTORE_TASK, pk)
+    return len(lanes)
+
+
+RETRY_RESTORE_TASK = "changes.tasks.retry_restore"
+
+
+def retry_restore(lane_pk: int) -> SweepLane | None:
+    """One try of a pending restore (its own task: it may wait for the engine's start)."""
+    with transaction.atomic():
+        lane = SweepLane.objects.select_for_update().filter(pk=lane_pk).first()
+        if lane is None or lane.state != LaneState.RESTORE_PENDING:
+            return lane
+        if lane.restore_next_at is not None and lane.restore_next_at > timezone.now():
+            return lane
+        # Claimed for this try: a second beat meanwhile finds it not due.
+        lane.restore_next_at = timezone.now() + timedelta(hours=1)
+        lane.save(update_fields=["restore_next_at"])
+    lane.restore_next_at = None
+    SweepLane.objects.filter(pk=lane.pk).update(restore_next_at=None)
+    restore(lane)
+    finish_if_done(lane.sweep_id)
+    lane.refresh_from_db()
+    return lane
+
+
+def resume_lost_lanes() -> int:
+    """The lost-work sweep's pass: lanes whose worker died go on on a new worker (their
+    running trial is failed there, the rest of the queue runs, the original config comes
+    back)."""
+    from changes.services.sweeps import LANE_TASK, lane_time_limit
+
+    lanes = list(lost_lanes().select_related("sweep"))
+    for lane in lanes:
+        enqueue(LANE_TASK, lane.pk, **lane_time_limit(lane.sweep).options())
+    return len(lanes)
 
 
 def _end_lane(lane: SweepLane, state: LaneState, note: str) -> None:
@@ -445,7 +539,7 @@ def finish_if_done(sweep_pk: int) -> Sweep | None:
     return sweep
 
 
-_HOLDING = (LaneState.QUEUED, LaneState.RUNNING)
+_HOLDING = (LaneState.QUEUED, LaneState.RUNNING, LaneState.RESTORE_PENDING)
 
 
 def pick_winner(sweep: Sweep, trials: list[SweepTrial]) -> SweepTrial | None:

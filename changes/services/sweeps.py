@@ -10,6 +10,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from django.conf import settings as conf
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 
 from benchmarks.loadgen.spec import SpecError
@@ -18,7 +19,7 @@ from benchmarks.services import prices
 from benchmarks.services import runs as benchmark_runs
 from benchmarks.sweep import Slo, SloError, SpaceError, parse_space, sweep_workload
 from changes import rules
-from changes.choices import Decision, LaneState, SweepState, TrialState
+from changes.choices import LANE_LOCK_STATES, Decision, LaneState, SweepState, TrialState
 from changes.models import ChangeRequest
 from changes.models_sweeps import Objective, Sweep, SweepApproval, SweepLane, SweepTrial
 from changes.rules_sweeps import SweepRefused, require
@@ -58,6 +59,29 @@ def required_approvals(deployments) -> int:
     if any(is_production(d) for d in deployments):
         return conf.CHANGE_PRODUCTION_APPROVALS
     return 0
+
+
+OPEN_STATES = (S.PREDICTING, S.PENDING, S.READY, S.RUNNING)
+
+
+def quota_problem(actor) -> str | None:
+    """Why ``actor`` may not create another sweep now, or None: at most
+    SWEEPS_PREDICTING_PER_USER of theirs predicting at once (each scores its whole space on a
+    worker) and SWEEPS_OPEN_PER_USER not finished."""
+    mine = Sweep.objects.filter(created_by=actor)
+    predicting = mine.filter(state=S.PREDICTING).count()
+    if predicting >= conf.SWEEPS_PREDICTING_PER_USER:
+        return (
+            f"You have {predicting} sweeps still predicting (at most "
+            f"{conf.SWEEPS_PREDICTING_PER_USER} at once): wait for one to finish, or cancel one."
+        )
+    open_ = mine.filter(state__in=OPEN_STATES).count()
+    if open_ >= conf.SWEEPS_OPEN_PER_USER:
+        return (
+            f"You have {open_} sweeps not finished (at most {conf.SWEEPS_OPEN_PER_USER}): "
+            "finish, cancel or withdraw one first."
+        )
+    return None
 
 
 def recount_approvals(actor, sweep: Sweep) -> str | None:
@@ -208,6 +232,13 @@ def create_sweep(
         {flag: (None, v) for flag, values in parsed_space.to_dict().items() for v in values},
     )
     with transaction.atomic():
+        if actor is not None:
+            # One user's sweeps counted under a lock on the user: two requests at once cannot
+            # both slip under the quota.
+            get_user_model().objects.select_for_update().filter(pk=actor.pk).first()
+            quota = quota_problem(actor)
+            if quota:
+                raise SweepRefused(quota)
         sweep = Sweep.objects.create(
             deployment=deployment,
             title=title.strip()[:120] or f"Tune {deployment.name}",
@@ -537,10 +568,8 @@ def occupants(deployment: Deployment) -> list[occupancy.Occupant]:
     """The ``occupancy`` holder of sweeps: a lane queued or running on the deployment holds
     it; the trial configs it applies, its benchmarks and its restore are its own parts."""
     lane = (
-        SweepLane.objects.filter(
-            deployment=deployment, state__in=(LaneState.QUEUED, LaneState.RUNNING)
-        )
-        .select_related("sweep")
+        SweepLane.objects.filter(deployment=deployment, state__in=LANE_LOCK_STATES)
+        .select_related("sweep", "original_config")
         .first()
     )
     if lane is None:
@@ -560,4 +589,13 @@ def occupants(deployment: Deployment) -> list[occupancy.Occupant]:
         f"Tuning sweep #{sweep.pk} ({sweep.title}) is running its trials on it: only the "
         "sweep restarts or measures the engine until it has put the original config back."
     )
+    if lane.state == LaneState.RESTORE_PENDING:
+        version = lane.original_config.version if lane.original_config else "?"
+        when = f"{lane.restore_next_at:%H:%M:%S} UTC" if lane.restore_next_at else "soon"
+        text = (
+            f"Restore pending: tuning sweep #{sweep.pk} could not put v{version} back because "
+            f"the host did not answer (tried {lane.restore_attempts} time"
+            f"{'s' if lane.restore_attempts != 1 else ''}; next try at {when}). The sweep "
+            "keeps the deployment until it has."
+        )
     return [occupancy.Occupant(sweep, text, parts)]

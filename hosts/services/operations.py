@@ -136,6 +136,8 @@ def run_operation(operation: EngineOperation) -> EngineOperation:
         _set_deployment(
             deployment, DeploymentStatus.UNKNOWN, f"host unreachable mid-operation: {exc}"
         )
+        operation.host_unreachable = True
+        operation.save(update_fields=["host_unreachable"])
         return _finish(operation, OperationOutcome.FAILED, f"{type(exc).__name__}: {exc}", [])
     hidden = _hidden(operation)
     # Everything after this point (log, deployment status, row) reads the masked outcome.

@@ -18,6 +18,7 @@ from changes.rules_sweeps import SweepRefused
 from changes.services import sweep_prediction, sweep_trials, sweeps
 from controlpanel.models import AuditEntry
 from hosts.services import occupancy
+from hosts.transport.base import ApplyOutcome, TransportError
 from tests.factories import make_config, make_host, make_profile, make_sim_deployment
 
 pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
@@ -364,3 +365,87 @@ def test_restoring_the_original_config_is_labelled_as_the_sweeps_restore(operato
     assert operation.config_id == original.pk
     assert operation.note == f"Restore v{original.version} after sweep #{sweep.pk}"
     assert lane.state == LaneState.RESTORED
+
+
+class Unreachable:
+    """A host transport that does not answer ``fails`` times, then applies as asked."""
+
+    def __init__(self, fails: int):
+        self.fails, self.tries = fails, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def apply_config(self, name, launch, *, previous, ready_timeout_s):
+        self.tries += 1
+        if self.tries <= self.fails:
+            raise TransportError("connection refused (the agent is not listening yet)")
+        return ApplyOutcome("ready")
+
+
+def test_a_restore_the_host_did_not_answer_is_pending_and_retried_with_backoff(
+    operator, deployment, monkeypatch
+):
+    """Issue 38 item 5: a sweep lost mid-trial tried its restore once, before the agents
+    listened, ended "failed" and left the deployment on the trial's config. Now the restore
+    is pending (the deployment held, the page says so) and is retried until the host
+    answers, then the sweep ends as it would have."""
+    sweep = started(operator, predicted(operator, deployment))
+    lane = sweep.lanes.get()
+    original = lane.original_config
+    deployment.active_config = make_config(deployment, {**BASE, "max_num_seqs": 16})
+    deployment.save()
+    host = Unreachable(fails=2)
+    monkeypatch.setattr("hosts.services.operations.transport_for", lambda h, d=None: host)
+    queued = []
+    monkeypatch.setattr(sweep_trials, "enqueue", lambda name, *args, **kw: queued.append(args))
+
+    sweep_trials.abandon_lane(lane.pk, "the worker was lost")
+    lane.refresh_from_db()
+    assert lane.state == LaneState.RESTORE_PENDING and lane.restore_attempts == 1
+    assert "the host did not answer" in lane.note and "connection refused" in lane.note
+    assert lane.restore_operation.host_unreachable
+    wait = (lane.restore_next_at - timezone.now()).total_seconds()
+    assert 25 < wait <= sweep_trials.RESTORE_BACKOFF_S[0]
+    (holder,) = occupancy.occupants(deployment)  # still held, and says why
+    assert holder.text.startswith(f"Restore pending: tuning sweep #{sweep.pk} could not put")
+    assert Sweep.objects.get(pk=sweep.pk).state == SweepState.RUNNING
+    assert not sweep.trials.filter(state=TrialState.QUEUED).exists()  # no trial on a dead host
+
+    assert sweep_trials.retry_pending_restores() == 0  # not due yet
+    SweepLane.objects.filter(pk=lane.pk).update(restore_next_at=timezone.now())
+    assert sweep_trials.retry_pending_restores() == 1 and queued == [(lane.pk,)]
+    sweep_trials.retry_restore(lane.pk)  # the task: the host still does not answer
+    lane.refresh_from_db()
+    assert lane.state == LaneState.RESTORE_PENDING and lane.restore_attempts == 2
+    wait = (lane.restore_next_at - timezone.now()).total_seconds()
+    assert sweep_trials.RESTORE_BACKOFF_S[0] < wait <= sweep_trials.RESTORE_BACKOFF_S[1]
+
+    SweepLane.objects.filter(pk=lane.pk).update(restore_next_at=timezone.now())
+    sweep_trials.retry_restore(lane.pk)  # the agent listens again
+    lane.refresh_from_db()
+    deployment.refresh_from_db()
+    assert lane.state == LaneState.RESTORED and deployment.active_config_id == original.pk
+    assert occupancy.occupants(deployment) == []
+    sweep.refresh_from_db()
+    assert sweep.state in (SweepState.DONE, SweepState.FAILED) and host.tries == 3
+
+
+def test_a_restore_the_engine_failed_still_fails_loudly(operator, deployment, monkeypatch):
+    sweep = started(operator, predicted(operator, deployment))
+    lane = sweep.lanes.get()
+    deployment.active_config = make_config(deployment, {**BASE, "max_num_seqs": 16})
+    deployment.save()
+
+    def failed(operation):
+        operation.outcome = "failed"
+        operation.error = "CUDA out of memory"
+        return operation
+
+    with mock.patch.object(sweep_trials, "run_inline", side_effect=failed):
+        sweep_trials.restore(lane)
+    lane.refresh_from_db()
+    assert lane.state == LaneState.FAILED and "needs attention" in lane.note

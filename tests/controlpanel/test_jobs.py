@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -10,12 +11,17 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from controlpanel import timelimits
 from controlpanel.jobs import enqueue, enqueue_on_commit, run_job
-from controlpanel.models import AuditEntry
+from controlpanel.models import AuditEntry, WorkClaim
 
 
 class Row:
+    """A row stand-in: its model's label and key are what its work claim is held by."""
+
+    _meta = SimpleNamespace(label_lower="tests.row")
+
     def __init__(self, finished=False):
         self.is_finished = finished
+        self.pk = 1
 
 
 class Rows:
@@ -38,11 +44,27 @@ def test_a_missing_or_finished_row_is_skipped():
     work.assert_not_called()
 
 
+@pytest.mark.django_db
 def test_the_work_runs_and_its_result_comes_back():
     row = Row()
     assert run_job(Rows(row), 1, lambda r: ("done", r), mock.Mock()) == ("done", row)
 
 
+@pytest.mark.django_db
+def test_the_work_holds_a_claim_while_it_runs_and_drops_it_after():
+    seen = []
+
+    def work(r):
+        seen.extend(WorkClaim.objects.values_list("kind", "object_id"))
+        raise ValueError("broken")
+
+    with pytest.raises(ValueError):
+        run_job(Rows(Row()), 1, work, mock.Mock())
+    assert seen == [("tests.row", 1)]
+    assert not WorkClaim.objects.exists()
+
+
+@pytest.mark.django_db
 def test_a_time_limit_is_recorded_on_the_row_and_not_raised():
     fail = mock.Mock()
     row = Row()
@@ -54,6 +76,7 @@ def test_a_time_limit_is_recorded_on_the_row_and_not_raised():
     fail.assert_called_once_with(row, "the check ran out of time")
 
 
+@pytest.mark.django_db
 def test_an_error_is_recorded_on_the_row_and_raised_for_the_worker_log():
     fail = mock.Mock()
     row = Row()
@@ -66,6 +89,7 @@ def test_an_error_is_recorded_on_the_row_and_raised_for_the_worker_log():
     fail.assert_called_once_with(row, "KeyError: 'gpu'")
 
 
+@pytest.mark.django_db
 def test_a_custom_finished_rule():
     work = mock.Mock(return_value=1)
     assert run_job(Rows(Row()), 1, work, mock.Mock(), finished=lambda r: True) is None
