@@ -186,6 +186,15 @@ class DeploymentSerializer(serializers.Serializer):
     status_detail = serializers.CharField()
     status_at = serializers.DateTimeField(allow_null=True)
     active_config = ConfigSerializer(allow_null=True)
+    required_approvals = serializers.IntegerField(
+        help_text="Approvals its first start needs (a production host's); 0: none. While "
+        'they are missing its status is "in_review" and nothing runs.'
+    )
+
+
+class DeploymentReviewBodySerializer(serializers.Serializer):
+    decision = serializers.ChoiceField(choices=["approve", "reject"])
+    comment = serializers.CharField(required=False, allow_blank=True, max_length=2000)
 
 
 class DeploymentDetailSerializer(DeploymentSerializer):

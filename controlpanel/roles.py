@@ -52,9 +52,10 @@ OPERATOR = Role(
 )
 APPROVER = Role(
     "Approver",
-    "Operator, plus approves or rejects changes proposed by someone else.",
+    "Operator, plus approves or rejects changes proposed by someone else, and the first start "
+    "of a deployment someone else created on a production host.",
     ("view",),
-    extra=OPERATOR.extra + (("changes", "approve_changerequest"),),
+    extra=OPERATOR.extra + (("changes", "approve_changerequest"), ("hosts", "approve_deployment")),
 )
 ADMIN = Role(
     "Admin",

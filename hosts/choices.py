@@ -20,6 +20,8 @@ class EngineKind(models.TextChoices):
 
 
 class DeploymentStatus(ColouredChoices):
+    # A new deployment on a production host: its first start waits for approvals.
+    IN_REVIEW = "in_review", "Awaiting approval", "amber"
     UNKNOWN = "unknown", "Unknown", "grey"
     STOPPED = "stopped", "Stopped", "grey"
     STARTING = "starting", "Starting", "blue"

@@ -181,6 +181,14 @@ class Host(CredentialBinding, models.Model):
         return reverse("hosts:detail", args=[self.pk])
 
     @property
+    def is_production(self) -> bool:
+        """Whether the host carries CHANGE_PRODUCTION_LABEL (key=value): what is started or
+        changed on it then needs CHANGE_PRODUCTION_APPROVALS approvals. The one rule: changes,
+        sweeps and a new deployment's first start all read it, as the labels are now."""
+        key, _, value = conf.CHANGE_PRODUCTION_LABEL.partition("=")
+        return bool(key) and (self.labels or {}).get(key) == value
+
+    @property
     def status_choice(self) -> HostStatus:
         return HostStatus(self.status)
 
@@ -286,7 +294,8 @@ class Gpu(models.Model):
 
 
 class Deployment(models.Model):
-    """An inference engine (vLLM or SGLang) serving one model on a host."""
+    """An inference engine (vLLM or SGLang) serving one model on a host. On a production host
+    its first start waits *in review* for approvals (``DeploymentApproval``), like a change."""
 
     host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="deployments")
     name = models.CharField(
@@ -332,9 +341,27 @@ class Deployment(models.Model):
     status_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
+    created_by = models.ForeignKey(
+        conf.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="Who created it (never one of its first start's approvers).",
+    )
+    required_approvals = models.PositiveSmallIntegerField(
+        default=0,
+        help_text="Approvals its first start needs (a production host's); 0: started at once.",
+    )
 
     class Meta:
         ordering = ["host", "name"]
+        permissions = [
+            (
+                "approve_deployment",
+                "Can approve a new deployment's first start on a production host",
+            )
+        ]
         constraints = [
             models.UniqueConstraint(fields=["host", "port"], name="deployment_unique_port"),
             models.UniqueConstraint(fields=["host", "name"], name="deployment_unique_name"),
@@ -620,3 +647,32 @@ class EngineOperation(BackgroundOperation):
             "outcome": self.outcome,
             "error": self.error,
         }
+
+
+class DeploymentApproval(models.Model):
+    """One reviewer's decision on a new deployment's first start on a production host (as a
+    change's approval: never its creator's, one per reviewer)."""
+
+    class Decision(models.TextChoices):
+        APPROVE = "approve", "Approved"
+        REJECT = "reject", "Rejected"
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="approvals")
+    reviewer = models.ForeignKey(
+        conf.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reviewer_name = models.CharField(max_length=150)
+    decision = models.CharField(max_length=8, choices=Decision.choices)
+    comment = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["deployment", "reviewer"], name="deploymentapproval_one_per_reviewer"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.reviewer_name} {self.decision} {self.deployment}"

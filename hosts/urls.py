@@ -14,6 +14,11 @@ urlpatterns = [
     path("<int:pk>/telemetry/", views.host_telemetry, name="telemetry"),
     path("<int:pk>/accept-key/", views.host_accept_key, name="accept_key"),
     path("<int:pk>/deployments/new/", views_deployments.deployment_new, name="deployment_new"),
+    path(
+        "deployments/<int:pk>/review/",
+        views_deployments.deployment_review,
+        name="deployment_review",
+    ),
     path("<int:pk>/onboard/", views_onboarding.onboard, name="onboard"),
     path("<int:pk>/onboard/status/", views_onboarding.onboard_status, name="onboard_status"),
     path("<int:pk>/onboard/token/", views_onboarding.onboard_token, name="onboard_token"),

@@ -32,6 +32,7 @@ from controlpanel.forms import AuditFilterForm
 from controlpanel.models import AuditEntry
 from hosts.choices import EngineKind, HostStatus, OperationKind
 from hosts.models import LABEL_KEY, Deployment, EngineConfig, EngineOperation, Gpu, Host
+from hosts.services import deployment_review as review
 from hosts.services import deployments as deployment_services
 from hosts.services import fleet_list
 
@@ -148,6 +149,9 @@ class DeploymentViewSet(ReadViewSet):
             **super().permissions,
             "configs": "hosts.view_engineconfig",
             "create": "hosts.add_deployment",
+            # Who may decide is the review rule's (hosts.services.deployment_review): it says
+            # why in its 403, for the creator as for a role without the permission.
+            "review": "hosts.view_deployment",
         }
 
     @extend_schema(
@@ -196,6 +200,31 @@ class DeploymentViewSet(ReadViewSet):
 
     def retrieve(self, request, *args, **kwargs):
         deployment = self.get_object()
+        deployment.lock_holder = lock_holder(deployment)
+        return Response(s.DeploymentDetailSerializer(deployment).data)
+
+    @extend_schema(
+        summary="Approve or reject a new deployment's first start on a production host",
+        request=s.DeploymentReviewBodySerializer,
+        responses={200: s.DeploymentDetailSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def review(self, request, pk=None):
+        deployment = self.get_object()
+        body = s.DeploymentReviewBodySerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            review.review_first_start(
+                request.user,
+                deployment,
+                body.validated_data["decision"],
+                body.validated_data.get("comment", ""),
+            )
+        except DjangoPermissionDenied as denied:
+            raise PermissionDenied(str(denied)) from None
+        except review.ReviewRefused as refused:
+            raise Conflict(str(refused)) from None
+        deployment = self.get_queryset().get(pk=deployment.pk)
         deployment.lock_holder = lock_holder(deployment)
         return Response(s.DeploymentDetailSerializer(deployment).data)
 

@@ -165,12 +165,8 @@ def quality_facts(deployment: Deployment, diff: dict) -> dict:
 
 
 def required_approvals(deployment: Deployment) -> int:
-    """Two approvals for production-labelled hosts (CHANGE_PRODUCTION_LABEL), else one."""
-    key, _, value = conf.CHANGE_PRODUCTION_LABEL.partition("=")
-    labels = deployment.host.labels or {}
-    if key and labels.get(key) == value:
-        return conf.CHANGE_PRODUCTION_APPROVALS
-    return 1
+    """CHANGE_PRODUCTION_APPROVALS for a production host (``Host.is_production``), else one."""
+    return conf.CHANGE_PRODUCTION_APPROVALS if deployment.host.is_production else 1
 
 
 def spec_flags(deployment: Deployment):

@@ -49,8 +49,7 @@ class SweepInvalid(ValueError):
 
 # --- what a sweep runs on ----------------------------------------------------------------------
 def is_production(deployment: Deployment) -> bool:
-    key, _, value = conf.CHANGE_PRODUCTION_LABEL.partition("=")
-    return bool(key) and (deployment.host.labels or {}).get(key) == value
+    return deployment.host.is_production
 
 
 def required_approvals(deployments) -> int:

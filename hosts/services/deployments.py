@@ -25,6 +25,7 @@ from hosts.engines.flags import EngineArgError
 from hosts.engines.launch import LaunchConfig, LaunchError
 from hosts.models import ENGINE_NAME, Deployment, EngineConfig, Gpu, Host
 from hosts.services.code_loading import as_diff, require_code_loading
+from hosts.services.deployment_review import first_start_approvals
 from hosts.services.operations import request_operation
 
 GIB = 2**30
@@ -324,12 +325,14 @@ def create_deployment(actor, host: Host, data: dict) -> tuple[Deployment, Fit]:
     """Create a deployment on ``host`` from ``data`` (name, engine, engine_version, model,
     gpus: indexes, port, launch_style, settings) with its config v1, audit it, and queue its
     first start (an apply of v1: the host page shows it starting, and it runs once healthy).
-    DeploymentRefused names every field that must change."""
+    On a production host the first start waits for approvals instead
+    (``deployment_review``). DeploymentRefused names every field that must change."""
     launch, gpus, fit, errors = check(host, data)
     if errors:
         raise DeploymentRefused(errors)
     # The rule a change meets for the same options (PermissionDenied: 403 in the API).
     require_code_loading(actor, launch.engine, as_diff(launch.settings))
+    needed = first_start_approvals(host)
     try:
         with transaction.atomic():
             deployment = Deployment.objects.create(
@@ -342,8 +345,14 @@ def create_deployment(actor, host: Host, data: dict) -> tuple[Deployment, Fit]:
                 launch_style=data["launch_style"],
                 runner=launch.runner,
                 simulator=dict(launch.simulator),
-                status=DeploymentStatus.STARTING,
-                status_detail="first start queued",
+                status=DeploymentStatus.IN_REVIEW if needed else DeploymentStatus.STARTING,
+                status_detail=(
+                    f"0 of {needed} approvals: {host.name} is a production host"
+                    if needed
+                    else "first start queued"
+                ),
+                created_by=actor if getattr(actor, "pk", None) else None,
+                required_approvals=needed,
             )
             deployment.gpus.set(gpus)
             config = EngineConfig.objects.create_next(
@@ -355,7 +364,10 @@ def create_deployment(actor, host: Host, data: dict) -> tuple[Deployment, Fit]:
                 model=launch.model,
             )
             audit(actor, "deployment.create", deployment, after=_audited(deployment, config, fit))
-            request_operation(actor, deployment, OperationKind.APPLY, config, note="first start")
+            if not needed:
+                request_operation(
+                    actor, deployment, OperationKind.APPLY, config, note="first start"
+                )
     except IntegrityError:
         # Another request took the name or the port between our check and our insert.
         raise DeploymentRefused(
@@ -376,4 +388,5 @@ def _audited(deployment: Deployment, config: EngineConfig, fit: Fit) -> dict:
         "config_version": config.version,
         "settings": config.settings,
         "fit": fit.message,
+        "required_approvals": deployment.required_approvals,
     }

@@ -249,6 +249,8 @@ def _engine_states(host: Host, engines: dict, when: datetime, holders: dict) -> 
         for op in EngineOperation.objects.filter(deployment__host=host, status__in=ACTIVE_STATUSES)
     }
     for deployment in host.deployments.all():
+        if deployment.status == DeploymentStatus.IN_REVIEW:
+            continue  # not started yet: its status is its review's until approved
         state = engines.get(deployment.name)
         if state is None:
             # Never deployed there, or its state was lost with the agent's: nothing runs

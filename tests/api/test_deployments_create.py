@@ -130,3 +130,97 @@ def test_the_answer_is_what_the_schema_says(token_for, operator, host, django_db
     answer = token_for(operator).post(URL, body(host), format="json")
     assert answer.status_code == 201
     validate(spec, "post", URL, answer)
+
+
+def test_a_first_start_on_a_production_host_waits_for_two_approvals_not_the_creators(
+    token_for, operator, approver, admin, host
+):
+    """Issue 38 item 3: a new deployment on a production-labelled host was started at once,
+    with no review, while any change to it needed two approvals."""
+    host.labels = {"env": "production"}
+    host.save()
+    as_operator, as_approver, as_admin = token_for(operator), token_for(approver), token_for(admin)
+    created = as_operator.post(URL, body(host), format="json")
+    assert created.status_code == 201, created.content
+    data = created.json()
+    assert (data["status"], data["required_approvals"]) == ("in_review", 2)
+    assert data["status_detail"] == "0 of 2 approvals: api-host is a production host"
+    deployment = Deployment.objects.get(pk=data["id"])
+    assert deployment.created_by == operator
+    assert not EngineOperation.objects.filter(deployment=deployment).exists()  # nothing sent
+
+    review = f"{URL}{deployment.pk}/review/"
+    own = as_operator.post(review, {"decision": "approve"}, format="json")
+    assert own.status_code == 403 and "Approvers and Admins" in own.json()["detail"]
+    first = as_approver.post(review, {"decision": "approve", "comment": "ok"}, format="json")
+    assert first.status_code == 200, first.content
+    assert (first.json()["status"], first.json()["status_detail"]) == (
+        "in_review",
+        "1 of 2 approvals",
+    )
+    again = as_approver.post(review, {"decision": "approve"}, format="json")
+    assert again.status_code == 409 and "already reviewed" in again.json()["detail"]
+    assert not EngineOperation.objects.filter(deployment=deployment).exists()
+    second = as_admin.post(review, {"decision": "approve"}, format="json")
+    assert second.status_code == 200 and second.json()["status"] == "starting"
+    operation = EngineOperation.objects.get(deployment=deployment)
+    assert operation.kind == "apply" and operation.note == "first start"
+    assert operation.config == deployment.configs.get()
+    assert AuditEntry.objects.filter(action="deployment.approve").count() == 2
+    late = as_admin.post(review, {"decision": "reject"}, format="json")
+    assert late.status_code == 409 and "not awaiting approval" in late.json()["detail"]
+
+
+def test_a_creator_who_is_an_approver_still_needs_others(token_for, approver, host):
+    host.labels = {"env": "production"}
+    host.save()
+    as_approver = token_for(approver)
+    created = as_approver.post(URL, body(host), format="json").json()
+    own = as_approver.post(f"{URL}{created['id']}/review/", {"decision": "approve"}, format="json")
+    assert own.status_code == 403
+    assert "You created this deployment: someone else must approve" in own.json()["detail"]
+
+
+def test_a_rejected_first_start_never_runs(token_for, operator, approver, host):
+    host.labels = {"env": "production"}
+    host.save()
+    created = token_for(operator).post(URL, body(host), format="json").json()
+    rejected = token_for(approver).post(
+        f"{URL}{created['id']}/review/",
+        {"decision": "reject", "comment": "not during the sale"},
+        format="json",
+    )
+    assert rejected.status_code == 200
+    assert rejected.json()["status"] == "stopped"
+    assert "first start rejected by" in rejected.json()["status_detail"]
+    assert "not during the sale" in rejected.json()["status_detail"]
+    assert not EngineOperation.objects.filter(deployment_id=created["id"]).exists()
+
+
+def test_the_host_page_offers_the_review_to_approvers(client, operator, approver, host):
+    host.labels = {"env": "production"}
+    host.save()
+    client.force_login(operator)
+    made = client.post(
+        f"/hosts/{host.pk}/deployments/new/",
+        {
+            "name": "llama",
+            "engine": "vllm",
+            "engine_version": "0.11.0",
+            "model": "meta-llama/Llama-3.1-8B-Instruct",
+            "gpus": [0],
+            "port": 8000,
+            "launch_style": "process",
+            "flags": "--max-num-seqs 64",
+        },
+        follow=True,
+    )
+    assert "its first start waits for 2 approvals" in made.content.decode(), made.content[:3000]
+    deployment = Deployment.objects.get(name="llama")
+    assert 'data-testid="review-llama"' not in made.content.decode()  # not an Operator's
+    client.force_login(approver)
+    page = client.get(f"/hosts/{host.pk}/").content.decode()
+    assert 'data-testid="review-llama"' in page and "Awaiting approval" in page
+    client.post(f"/hosts/deployments/{deployment.pk}/review/", {"decision": "approve"})
+    deployment.refresh_from_db()
+    assert deployment.status_detail == "1 of 2 approvals"
