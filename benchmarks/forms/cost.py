@@ -8,7 +8,7 @@ from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.db.models import Max
 
-from benchmarks import cost
+from benchmarks import cost, cost_ranking
 from benchmarks.choices import Pricing
 from benchmarks.models import BenchmarkRun, LoadProfile, Price
 from benchmarks.services.prices import PRICE_AS
@@ -29,8 +29,8 @@ class CostForm(forms.Form):
         "restart_overhead_pct": "0",
         "pricing": Pricing.ON_DEMAND,
         "slo_ttft_p95_ms": "500",
-        # Errors count unless the user clears the field: 1 % (cost.DEFAULT_MAX_ERROR_RATE).
-        "max_error_rate_pct": f"{cost.DEFAULT_MAX_ERROR_RATE * 100:g}",
+        # Errors count unless the user clears the field: 1 % (cost_ranking.DEFAULT_MAX_ERROR_RATE).
+        "max_error_rate_pct": f"{cost_ranking.DEFAULT_MAX_ERROR_RATE * 100:g}",
         "rank_by": "per_request",
     }
 
@@ -55,7 +55,7 @@ class CostForm(forms.Form):
         required=False,
         min_value=0,
         max_value=100,
-        help_text=f"Default {cost.DEFAULT_MAX_ERROR_RATE * 100:g} %: a config that fails "
+        help_text=f"Default {cost_ranking.DEFAULT_MAX_ERROR_RATE * 100:g} %: a config that fails "
         "more requests is not cheap, whatever it costs per success. Empty: any error rate.",
     )
     rank_by = forms.ChoiceField(label="Cheapest by", choices=list(cost.METRICS.items()))
@@ -160,7 +160,7 @@ class CostForm(forms.Form):
         return data
 
     def report_arguments(self) -> dict:
-        """Keyword arguments of ``benchmarks.services.prices.cost_report``."""
+        """Keyword arguments of ``benchmarks.services.cost_report.cost_report``."""
         data = self.cleaned_data
         error = data.get("max_error_rate_pct")
         return {
@@ -168,7 +168,7 @@ class CostForm(forms.Form):
             "utilisation": data["utilisation_pct"] / 100,
             "restart_overhead": data["restart_overhead_pct"] / 100,
             "pricing": data["pricing"],
-            "slo": cost.Slo(
+            "slo": cost_ranking.Slo(
                 ttft_p95_ms=data.get("slo_ttft_p95_ms"),
                 max_error_rate=None if error is None else error / 100,
             ),

@@ -7,16 +7,17 @@ from django.shortcuts import get_object_or_404, redirect, render
 
 from benchmarks.forms.cost import CostForm, PriceForm
 from benchmarks.models import Price
+from benchmarks.services import cost_report
 from benchmarks.services import prices as services
 
 
 @permission_required("benchmarks.view_benchmarkrun", raise_exception=True)
 def cost(request):
     form = CostForm(request.GET)
-    report = services.cost_report(**form.report_arguments()) if form.is_valid() else None
+    report = cost_report.cost_report(**form.report_arguments()) if form.is_valid() else None
     query = request.GET.copy()
     query.pop("focus", None)
-    context = {**services.fleet_summary(), "form": form, "report": report, "query": query}
+    context = {**cost_report.fleet_summary(), "form": form, "report": report, "query": query}
     return render(request, "benchmarks/cost.html", context)
 
 

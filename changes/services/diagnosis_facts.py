@@ -14,23 +14,18 @@ process and kept, since a finished run never changes.
 from __future__ import annotations
 
 import re
-import statistics
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
 
-import httpx
 from django.conf import settings as conf
 from django.db.models import Avg, Count, Max
 from django.utils import timezone
 
 from benchmarks import records as request_records
-from benchmarks.choices import ProfileSource
 from benchmarks.evidence import usable_as_evidence
-from benchmarks.loadgen import scrape
-from benchmarks.loadgen.stats import percentile
 from benchmarks.models import BenchmarkRun, RunPoint, RunRequestLog
 from benchmarks.services import compare
 from changes.advisor.facts import (
@@ -43,15 +38,18 @@ from changes.advisor.facts import (
     Snapshot,
     StageFacts,
 )
+from changes.services.diagnosis_scrape import as_int as _int
+from changes.services.diagnosis_scrape import gauge as _gauge
+from changes.services.diagnosis_scrape import scrape_engine
+from changes.services.diagnosis_traffic import lengths as _lengths
+from changes.services.diagnosis_traffic import traffic_facts
 from changes.services.facts import gpu_facts
 from controlpanel.choices import OperationStatus
 from hosts.engines import cpulist, get_spec, sglang, vllm
 from hosts.engines.catalog import GPUS, UnknownModel, resolve_model
-from hosts.engines.metrics import endpoints
 from hosts.models import Deployment, Gpu, GpuSample
 from hosts.simulator.config import StartupError, build_config
 from hosts.transport.nvidia_smi import THROTTLE_REASONS
-from hosts.transport.tls import system_trust
 
 # The newest runs a snapshot carries: enough to see a trend, few enough to read every minute.
 RUNS = 5
@@ -60,9 +58,6 @@ RUNS = 5
 LOG_ROWS = 20_000
 # Finished runs whose derived facts are kept in memory (per process).
 RUN_CACHE = 256
-# Each HTTP request of the scrape gives up after this long: a hung engine must not hold the
-# beat task (the whole scrape is bounded by ADVISOR_SCRAPE_SECONDS + 2 of these).
-SCRAPE_REQUEST_TIMEOUT_S = 3.0
 
 # vLLM and SGLang name the same settings differently.
 SEQS = {"vllm": "max_num_seqs", "sglang": "max_running_requests"}
@@ -261,116 +256,7 @@ def gpu_and_host_facts(
     return tuple(facts), host_facts
 
 
-# --- the engine's /metrics -----------------------------------------------------------------
-def metrics_url(deployment: Deployment) -> str:
-    """Where a benchmark run scrapes the engine: its OpenAI base URL plus the engine's
-    /metrics path (``benchmarks.services.runs.run_spec`` aims the load generator at
-    ``deployment.engine_url``, whose scraper appends /metrics)."""
-    return deployment.engine_url + endpoints(deployment.engine).metrics
-
-
-def scrape_engine(deployment: Deployment, seconds: float) -> tuple[EngineWindow | None, str]:
-    """Scrape the engine about once a second for ``seconds``: gauges sampled, counters and
-    histograms as deltas between the first and the last scrape. ``(None, why)`` when the
-    engine does not answer or serves no engine metrics."""
-    flag = endpoints(deployment.engine).metrics_flag
-    config = deployment.active_config
-    if flag and not (config and config.settings.get(flag)):
-        return None, f"{deployment.engine} serves /metrics only with --{flag.replace('_', '-')}"
-    url = metrics_url(deployment)
-    key = deployment.api_key()
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    samples: list[dict] = []
-    deadline = None
-    try:
-        with httpx.Client(
-            timeout=SCRAPE_REQUEST_TIMEOUT_S, headers=headers, verify=system_trust()
-        ) as client:
-            while True:
-                response = client.get(url)
-                received, now = time.time(), time.monotonic()
-                response.raise_for_status()
-                snap = scrape.parse(response.text)
-                if snap.get("engine") is None:
-                    return None, f"no vllm: or sglang: metrics at {url}"
-                # Stamped when the answer came, and the window counted from the first one:
-                # the first request's connect and each parse must not shorten the window.
-                snap["t"] = received
-                samples.append(snap)
-                if deadline is None:
-                    deadline = now + max(seconds, 0.0)
-                left = deadline - time.monotonic()
-                if left <= 0 or len(samples) > seconds + 1:
-                    break
-                time.sleep(min(1.0, left))
-    except (httpx.HTTPError, ValueError) as exc:
-        return None, f"{url}: {type(exc).__name__}: {exc}"[:300]
-    first, last = samples[0], samples[-1]
-    return window_from(first, last, samples, source="live"), ""
-
-
-def _gauge(samples: list[dict], key: str) -> tuple[float | None, float | None]:
-    values = [s[key] for s in samples if s.get(key) is not None]
-    if not values:
-        return None, None
-    return statistics.fmean(values), max(values)
-
-
-def window_from(first: dict, last: dict, samples: list[dict], *, source: str) -> EngineWindow:
-    """An ``EngineWindow`` from two /metrics snapshots (``scrape.parse``) and the gauges
-    sampled between them."""
-    delta = scrape.deltas(first, last)
-    running = _gauge(samples, "running")
-    waiting = _gauge(samples, "waiting")
-    kv = _gauge(samples, "kv_cache_usage")
-    return EngineWindow(
-        seconds=max(last["t"] - first["t"], 0.0),
-        ended_at=last["t"],
-        source=source,
-        requests=_int(delta.get("server_e2e_count")),
-        running_mean=running[0],
-        running_max=running[1],
-        waiting_mean=waiting[0],
-        waiting_max=waiting[1],
-        kv_usage_mean=kv[0],
-        kv_usage_max=kv[1],
-        preemptions=_int(delta.get("preemptions")),
-        prefix_cache_queries=delta.get("prefix_cache_queries"),
-        prefix_cache_hits=delta.get("prefix_cache_hits"),
-        hit_rate=delta.get("prefix_cache_hit_rate"),
-        queue_ms=delta.get("server_mean_queue_ms"),
-        prefill_ms=delta.get("server_mean_prefill_ms"),
-        decode_ms=delta.get("server_mean_decode_ms"),
-        ttft_ms=delta.get("server_mean_ttft_ms"),
-        itl_ms=delta.get("server_mean_itl_ms"),
-        prompt_tokens=delta.get("prompt_tokens"),
-        generation_tokens=delta.get("generation_tokens"),
-    )
-
-
-def _int(value) -> int | None:
-    return None if value is None else int(value)
-
-
 # --- benchmark runs ------------------------------------------------------------------------
-def _lengths(inputs: list[float], outputs: list[float], prefix_tokens: float | None):
-    if not inputs:
-        return None
-    inputs_sorted, outputs_sorted = sorted(inputs), sorted(outputs)
-    totals = sorted(i + o for i, o in zip(inputs, outputs, strict=True))
-    share = None
-    if prefix_tokens is not None and sum(inputs):
-        share = min(1.0, prefix_tokens / sum(inputs))
-    return LengthFacts(
-        input_p50=percentile(inputs_sorted, 50),
-        input_p99=percentile(inputs_sorted, 99),
-        output_p50=percentile(outputs_sorted, 50) if outputs_sorted else None,
-        output_p99=percentile(outputs_sorted, 99) if outputs_sorted else None,
-        total_p99=percentile(totals, 99),
-        shared_prefix_share=share,
-    )
-
-
 def _log_facts(blob: bytes, prefix_len: int) -> tuple[LengthFacts | None, dict]:
     """Lengths of the successful requests and failures by message, from a run's request log
     (its first ``LOG_ROWS`` requests)."""
@@ -591,109 +477,6 @@ def _server_window(run: BenchmarkRun, gauges: dict) -> EngineWindow | None:
         prompt_tokens=server.get("prompt_tokens"),
         generation_tokens=server.get("generation_tokens"),
     )
-
-
-# --- traffic -------------------------------------------------------------------------------
-def traffic_facts(deployment: Deployment) -> LengthFacts | None:
-    """Lengths of the deployment's real traffic, when a profile made from a traffic sample
-    (fitted or replayed, ``benchmarks.services.profiles.profile_from_traffic``) was run on it:
-    a replay's rows exactly, a fit's empirical distributions where it kept them."""
-    run = (
-        BenchmarkRun.objects.filter(
-            deployment=deployment,
-            load_profile__source__in=(ProfileSource.TRAFFIC, ProfileSource.REPLAY),
-        )
-        .select_related("load_profile")
-        .order_by("-created_at", "-pk")
-        .first()
-    )
-    if run is None:
-        return None
-    spec = run.load_profile.spec or {}
-    prefix_len = int(spec.get("prefix_len") or 0)
-    rows = (spec.get("replay") or {}).get("rows")
-    if rows:
-        inputs = [float(r[1]) for r in rows]
-        outputs = [float(r[2]) for r in rows]
-        # A replay row is the whole prompt as recorded, its prefix within it.
-        shared = sum(min(prefix_len, float(r[1])) for r in rows if len(r) > 3 and r[3] is not None)
-        return _lengths(inputs, outputs, shared)
-    inputs = _length_weights(spec.get("input_len"))
-    outputs = _length_weights(spec.get("output_len"))
-    if not inputs:
-        return None
-    share = float(spec.get("prefix_share") or 0) if prefix_len else 0.0
-    if share and not spec.get("prefix_within_input"):
-        # The prompt as sent: the prefix on top of the own part, for ``share`` of requests.
-        inputs = _mixture(
-            [(n + prefix_len, w * share) for n, w in inputs]
-            + [(n, w * (1 - share)) for n, w in inputs]
-        )
-    mean_input = sum(n * w for n, w in inputs)
-    return LengthFacts(
-        input_p50=_weighted_quantile(inputs, 0.50),
-        input_p99=_weighted_quantile(inputs, 0.99),
-        output_p50=_weighted_quantile(outputs, 0.50) if outputs else None,
-        output_p99=_weighted_quantile(outputs, 0.99) if outputs else None,
-        # The load generator draws a request's input and output lengths independently, so
-        # the total a fitted profile sends is distributed as the sum of two independent draws.
-        total_p99=_weighted_quantile(_sum_of(inputs, outputs or [(0.0, 1.0)]), 0.99),
-        shared_prefix_share=min(1.0, share * prefix_len / mean_input) if mean_input else None,
-    )
-
-
-def _length_weights(dist) -> list[tuple[float, float]]:
-    """A length distribution of a profile document as (length, probability) pairs, sorted:
-    an empirical one's ``[[length, weight], …]`` (what ``traffic.fit`` writes) normalised,
-    clamped to its ``low``/``high`` as the load generator clamps; a fixed one as one point.
-    Other kinds give no pairs (no sample to read lengths from)."""
-    if not isinstance(dist, dict):
-        return []
-    kind = dist.get("kind", "fixed")
-    if kind == "fixed":
-        return [(float(dist.get("mean") or 0), 1.0)] if dist.get("mean") else []
-    if kind != "empirical":
-        return []
-    low, high = dist.get("low"), dist.get("high")
-    pairs: dict[float, float] = {}
-    for item in dist.get("values") or []:
-        if not isinstance(item, list | tuple) or len(item) != 2:
-            continue  # not the shape traffic.fit writes: ignored rather than crash the advisor
-        length, weight = float(item[0]), float(item[1])
-        if low is not None:
-            length = max(length, float(low))
-        if high is not None:
-            length = min(length, float(high))
-        if weight > 0:
-            pairs[length] = pairs.get(length, 0.0) + weight
-    total = sum(pairs.values())
-    return [(n, w / total) for n, w in sorted(pairs.items())] if total else []
-
-
-def _mixture(pairs: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: dict[float, float] = {}
-    for n, w in pairs:
-        if w > 0:
-            merged[n] = merged.get(n, 0.0) + w
-    return sorted(merged.items())
-
-
-def _sum_of(a: list[tuple[float, float]], b: list[tuple[float, float]]):
-    sums: dict[float, float] = {}
-    for x, p in a:
-        for y, q in b:
-            sums[x + y] = sums.get(x + y, 0.0) + p * q
-    return sorted(sums.items())
-
-
-def _weighted_quantile(pairs: list[tuple[float, float]], q: float) -> float:
-    """The smallest length whose cumulative probability reaches ``q`` (the inverse CDF)."""
-    cumulative = 0.0
-    for length, weight in pairs:
-        cumulative += weight
-        if cumulative >= q - 1e-9:
-            return length
-    return pairs[-1][0]
 
 
 # --- the whole snapshot --------------------------------------------------------------------

@@ -487,7 +487,13 @@ def retry_restore(lane_pk: int) -> SweepLane | None:
         lane.save(update_fields=["restore_next_at"])
     lane.restore_next_at = None
     SweepLane.objects.filter(pk=lane.pk).update(restore_next_at=None)
-    restore(lane)
+    try:
+        restore(lane)
+    except Exception as exc:  # noqa: BLE001 - tried again later, never left without a next try
+        log.exception("sweep lane %s: restore try failed", lane.pk)
+        lane.refresh_from_db()
+        if lane.state == LaneState.RESTORE_PENDING:
+            _restore_pending(lane, lane.original_config, f"{type(exc).__name__}: {exc}")
     finish_if_done(lane.sweep_id)
     lane.refresh_from_db()
     return lane

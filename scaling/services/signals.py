@@ -22,7 +22,7 @@ from django.core.cache import cache
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
-from changes.services.diagnosis_facts import metrics_url
+from changes.services.diagnosis_scrape import metrics_url
 from controlpanel.realtime import group_name, publish
 from hosts.choices import DeploymentStatus, HostStatus
 from hosts.engines.metrics import endpoints

@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 from django.urls import reverse
 
-from benchmarks import cost, gate
+from benchmarks import cost, cost_ranking, gate
 from benchmarks.evidence import usable_as_evidence
 from benchmarks.loadgen.stats import RequestRecord, summarize
 from benchmarks.services.results import error_threshold_problem, store_results
@@ -156,11 +156,11 @@ def test_the_gate_skips_a_client_limited_baseline_and_refuses_one_named(fake, to
 def test_the_cost_ranking_refuses_a_client_limited_run_in_words():
     def option(key, refused=None):
         run_cost = cost.RunCost(hourly_price=2.0, currency="USD", requests_per_s=10.0)
-        return cost.Option(key, run_cost, 100.0, key, refused=refused)
+        return cost_ranking.Option(key, run_cost, 100.0, key, refused=refused)
 
     cheap = option("cheap", refused="client-limited: event-loop lag p99 48 ms > 20 ms")
     honest = option("honest")
-    ranking = cost.rank([cheap, honest], currency="USD")
+    ranking = cost_ranking.rank([cheap, honest], currency="USD")
     assert ranking.cheapest.key == "honest"
     assert ranking.status(cheap) == "not ranked: client-limited: event-loop lag p99 48 ms > 20 ms"
 

@@ -9,17 +9,14 @@ import pytest
 
 from benchmarks.cost import (
     METRICS,
-    Option,
     RunCost,
-    Slo,
-    cheapest,
     cost_per_million,
     cost_per_request,
     money,
     number,
-    rank,
     serving_share,
 )
+from benchmarks.cost_ranking import Option, Slo, cheapest, rank
 
 # $2.50 an hour, 1280 output tokens/s: 2.50 / (1280 × 3600) × 1e6 = 2.50 / 4,608,000 × 1e6.
 BASE = 0.542534722222222

@@ -11,7 +11,7 @@ from decimal import Decimal
 import pytest
 from django.urls import reverse
 
-from benchmarks import cost
+from benchmarks import cost, cost_ranking
 from tests.factories import make_deployment, make_finished_run, make_host, make_profile
 
 pytestmark = pytest.mark.django_db
@@ -81,7 +81,7 @@ def test_errors_count_against_a_default_one_percent_shown_and_editable(client, v
     )
     steady = make_finished_run(deployment, label="steady", load_profile=profile)
     report, page = report_of(client, viewer)
-    assert report.slo.max_error_rate == cost.DEFAULT_MAX_ERROR_RATE == 0.01
+    assert report.slo.max_error_rate == cost_ranking.DEFAULT_MAX_ERROR_RATE == 0.01
     assert report.cheapest["run"] == steady
     assert "error rate ≤ 1 %" in page and 'name="max_error_rate_pct" value="1"' in page
     report, _ = report_of(client, viewer, max_error_rate_pct="5")
@@ -100,10 +100,10 @@ def test_rank_sets_other_profiles_aside():
         run_cost = cost.RunCost(
             hourly_price=1.0, currency="USD", requests_per_s=rps, error_rate=0.0
         )
-        return cost.Option(key, run_cost, 100.0, key, profile=profile)
+        return cost_ranking.Option(key, run_cost, 100.0, key, profile=profile)
 
     options = [option("a", "chat v1", 10), option("b", "light v1", 40)]
-    ranking = cost.rank(options, currency="USD", profile="chat v1")
+    ranking = cost_ranking.rank(options, currency="USD", profile="chat v1")
     assert [o.key for o in ranking.ranked] == ["a"]
     assert ranking.status(options[1]).startswith("not ranked: profile light v1, not chat v1")
-    assert [o.key for o in cost.rank(options, currency="USD").ranked] == ["b", "a"]
+    assert [o.key for o in cost_ranking.rank(options, currency="USD").ranked] == ["b", "a"]
