@@ -1,7 +1,7 @@
 """The "New deployment" page of a host. Thin: access, the form, one service call."""
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required, permission_required
+from django.contrib.auth.decorators import permission_required
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
@@ -47,7 +47,7 @@ def deployment_new(request, pk):
 
 
 @require_POST
-@login_required
+@permission_required("hosts.approve_deployment", raise_exception=True)
 def deployment_review(request, pk):
     """Approve or reject a new deployment's first start (the rule says who may)."""
     deployment = get_object_or_404(Deployment.objects.select_related("host"), pk=pk)

@@ -328,8 +328,10 @@ def test_two_shards_send_the_one_schedule_and_merge(fixed_server, settings):  # 
     assert result.summary["completed"] == 40 and result.summary["warmup_requests"] == 3
     assert sorted(r["index"] for r in result.records) == list(range(40))
     # Records are on the shared start's clock: seconds, not 1.7e9. (The shards run one after
-    # the other here, each from its own start: on a starved machine the second began 5 s on.)
-    assert all(0 <= r["scheduled"] < 600 for r in result.records)
+    # the other here, each from its own start: on a starved machine the second began 5 s on,
+    # and a shard's estimate of the reference clock may put its first send a hair before 0.)
+    times = [r["scheduled"] for r in result.records]
+    assert -60 < min(times) and max(times) < 600, (min(times), max(times))
 
 
 class FakeLoad:

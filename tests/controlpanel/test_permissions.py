@@ -43,6 +43,9 @@ MATRIX = [
     ("hosts:onboard_ssh_key", "post", OPERATORS),
     ("hosts:onboard_accept_key", "post", ["admin"]),
     ("hosts:restart", "post", OPERATORS),
+    # A new deployment's first start on a production host (the rule then also refuses its
+    # creator, tests/api/test_deployments_create.py).
+    ("hosts:deployment_review", "post", ["approver", "admin"]),
     ("hosts:operation", "get", ALL),
     ("benchmarks:list", "get", ALL),
     ("benchmarks:detail", "get", ALL),
@@ -147,6 +150,7 @@ ARGS = {
     "audit_export": lambda o: ["csv"],
     "hosts:part": lambda o: [o["hosts"], "facts"],
     "hosts:restart": lambda o: [o["deployment"]],
+    "hosts:deployment_review": lambda o: [o["deployment"]],
     "hosts:operation": lambda o: [o["operation"]],
     "benchmarks:part": lambda o: [o["benchmarks"], "results"],
     "benchmarks:profile": lambda o: [o["profile"]],
