@@ -18,6 +18,7 @@ from unittest import mock
 
 import pytest
 from celery import Celery
+from django.db import transaction
 from django.utils import timezone
 
 from benchmarks.models import BenchmarkRun
@@ -27,6 +28,7 @@ from changes.services import apply as change_apply
 from changes.services import review, sweep_prediction, sweeps
 from controlpanel import lostwork
 from controlpanel.choices import OperationStatus
+from controlpanel.models import AuditEntry
 from hosts.models import EngineConfig, EngineOperation
 from hosts.services import occupancy
 from hosts.services import operations as host_operations
@@ -49,7 +51,7 @@ WAIT_S = 240
 
 
 @pytest.fixture
-def deployment(tmp_path, settings):
+def deployment(tmp_path, settings, shared_key):
     settings.CHANGE_HEALTH_TIMEOUT = 20
     settings.CHANGE_HEARTBEAT_SECONDS = float(HEARTBEAT)
     agent = AgentProcess(tmp_path, "--simulate", "h100-sxm:1").start()
@@ -67,7 +69,7 @@ def deployment(tmp_path, settings):
 
 
 @pytest.fixture
-def workers(production_env, start):
+def workers(production_env, start, shared_key):
     env = {
         **production_env,
         "CHANGE_HEARTBEAT_SECONDS": HEARTBEAT,
@@ -76,8 +78,12 @@ def workers(production_env, start):
     }
     broker = Celery(broker=production_env["REDIS_URL"], set_as_current=False)
 
-    def forward(name, *args, **options):
+    def send(name, *args, **options):
         broker.send_task(name, args=list(args), **options)
+
+    def forward(name, *args, **options):
+        # As enqueue_on_commit does: the worker must find the row as committed.
+        transaction.on_commit(lambda: send(name, *args, **options))
 
     def worker(name: str):
         process = start(name, compose_command("worker"), env)
@@ -88,7 +94,7 @@ def workers(production_env, start):
     with (
         mock.patch("changes.services.apply.enqueue_on_commit", side_effect=forward),
         mock.patch("changes.services.sweeps.enqueue_on_commit", side_effect=forward),
-        mock.patch("changes.services.sweep_trials.enqueue", side_effect=forward),
+        mock.patch("changes.services.sweep_trials.enqueue", side_effect=send),
     ):
         yield worker
 
@@ -124,7 +130,12 @@ def test_a_change_whose_worker_dies_mid_baseline_is_resumed_to_an_end(
         run = change.baseline_run
         return run is not None and run.status == OperationStatus.RUNNING and run.points.exists()
 
-    wait_until(baseline_running, WAIT_S, lambda: first.output()[-3000:])
+    def said():
+        entries = AuditEntry.objects.filter(object_id=str(change.pk))
+        state = ChangeRequest.objects.get(pk=change.pk).state
+        return f"{state} {list(entries.values_list('action', 'after'))}\n{first.output()[-1500:]}"
+
+    wait_until(baseline_running, WAIT_S, said)
     lost_baseline = change.baseline_run
     kill(first)
     workers("worker-2")
