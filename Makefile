@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: help venv run test lint format migrate check-deploy bench sim clean
+.PHONY: help venv run test lint format migrate check-deploy bench sim docs clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -40,6 +40,9 @@ format: $(STAMP) ## Format the code with ruff
 
 migrate: $(STAMP) ## Apply migrations to the configured database
 	$(PY) manage.py migrate
+
+docs: $(STAMP) ## Build the manual (docs/, MkDocs) into var/site; a broken link or anchor fails
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 check-deploy: $(STAMP) ## Django's deployment checks with production-like settings
 	$(PY) scripts/check_deploy.py
