@@ -123,3 +123,15 @@ def test_the_base_app_imports_no_other_app(tmp_path, module):
     result = lint_imports(tree)
     out = " ".join(result.stdout.split())
     assert result.returncode == 1 and f"controlpanel.views -> {module}" in out, out
+
+
+def test_the_manual_lists_the_pure_packages_the_contract_checks():
+    """The ground floor a newcomer reads (docs/architecture.md) is the one the machine checks:
+    a package made pure (or no longer) changes both, or this fails."""
+    root = Path(__file__).resolve().parents[2]
+    contracts = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["importlinter"]
+    pure = next(c for c in contracts["contracts"] if c["id"] == "pure")["source_modules"]
+    page = (root / "docs" / "architecture.md").read_text()
+    section = page.split("## The ground floor: pure packages", 1)[1].split("\n## ", 1)[0]
+    listed = [line[3:-1] for line in section.splitlines() if line.startswith("- `")]
+    assert sorted(listed) == sorted(pure)
