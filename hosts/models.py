@@ -30,6 +30,7 @@ from hosts.choices import (
 )
 from hosts.credentials import SECRET_FIELDS, CredentialBinding
 from hosts.engines.launch import LaunchConfig, Placement
+from hosts.engines.metrics import endpoints
 
 # Re-exported: telemetry rows live in their own module, named from here as before.
 from hosts.models_telemetry import GpuSample, GpuSampleHour, GpuSampleMinute  # noqa: F401
@@ -388,6 +389,13 @@ class Deployment(models.Model):
         if ":" in address and not address.startswith("["):
             address = f"[{address}]"
         return f"http://{address}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Where the engine's Prometheus metrics are: its OpenAI base URL plus the engine's
+        /metrics path (what a benchmark's scraper reads, the advisor's live scrape and the
+        scaling signals' poll alike)."""
+        return self.engine_url + endpoints(self.engine).metrics
 
     def api_key(self) -> str | None:
         """The API key the engine was started with (``--api-key`` or ``VLLM_API_KEY``)."""

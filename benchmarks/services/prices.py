@@ -15,6 +15,7 @@ from benchmarks import cost
 from benchmarks.choices import Pricing
 from benchmarks.models import GPU_SEPARATOR, Price
 from controlpanel.services import audit, snapshot
+from hosts.services.gpus import gpu_facts
 
 DEFAULT_RUN_COUNT = 20
 # Which prices each selected run is evaluated under on the cost page.
@@ -175,3 +176,26 @@ def price_rows(prices) -> list[dict]:
             }
         )
     return rows
+
+
+def deployment_target(deployment) -> dict:
+    """What a prediction models for ``deployment`` (a sweep's, a what-if's): the simulator's
+    GPU key and count, the time scale of a simulated engine (it runs that much faster than a
+    real GPU, and its measured numbers with it), and the price of one GPU-hour (the host's
+    hourly price over its GPUs)."""
+    gpu, num_gpus, _ = gpu_facts(deployment)
+    time_scale = 1.0
+    if deployment.runner == "simulator":
+        time_scale = float((deployment.simulator or {}).get("time_scale") or 1.0)
+    price, currency, source = hourly_price_for(deployment.host)
+    # Per GPU of the host: a deployment given some of its GPUs by index models only those.
+    host_gpus = deployment.host.gpus.count() or num_gpus
+    per_gpu = float(Decimal(price) / host_gpus) if price and host_gpus else None
+    return {
+        "gpu": gpu,
+        "num_gpus": num_gpus,
+        "time_scale": time_scale,
+        "price_per_gpu_hour": per_gpu,
+        "currency": currency,
+        "price_source": source,
+    }

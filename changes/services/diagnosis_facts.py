@@ -43,11 +43,11 @@ from changes.services.diagnosis_scrape import gauge as _gauge
 from changes.services.diagnosis_scrape import scrape_engine
 from changes.services.diagnosis_traffic import lengths as _lengths
 from changes.services.diagnosis_traffic import traffic_facts
-from changes.services.facts import gpu_facts
 from controlpanel.choices import OperationStatus
 from hosts.engines import cpulist, get_spec, sglang, vllm
 from hosts.engines.catalog import GPUS, UnknownModel, resolve_model
 from hosts.models import Deployment, Gpu, GpuSample
+from hosts.services.gpus import gpu_facts
 from hosts.simulator.config import StartupError, build_config
 from hosts.transport.nvidia_smi import THROTTLE_REASONS
 

@@ -20,13 +20,6 @@ from hosts.transport.tls import system_trust
 SCRAPE_REQUEST_TIMEOUT_S = 3.0
 
 
-def metrics_url(deployment: Deployment) -> str:
-    """Where a benchmark run scrapes the engine: its OpenAI base URL plus the engine's
-    /metrics path (``benchmarks.services.runs.run_spec`` aims the load generator at
-    ``deployment.engine_url``, whose scraper appends /metrics)."""
-    return deployment.engine_url + endpoints(deployment.engine).metrics
-
-
 def scrape_engine(deployment: Deployment, seconds: float) -> tuple[EngineWindow | None, str]:
     """Scrape the engine about once a second for ``seconds``: gauges sampled, counters and
     histograms as deltas between the first and the last scrape. ``(None, why)`` when the
@@ -35,7 +28,7 @@ def scrape_engine(deployment: Deployment, seconds: float) -> tuple[EngineWindow 
     config = deployment.active_config
     if flag and not (config and config.settings.get(flag)):
         return None, f"{deployment.engine} serves /metrics only with --{flag.replace('_', '-')}"
-    url = metrics_url(deployment)
+    url = deployment.metrics_url
     key = deployment.api_key()
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     samples: list[dict] = []

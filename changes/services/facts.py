@@ -14,10 +14,10 @@ from changes.rules import ChangeRefused
 from changes.services import config_history
 from controlpanel.choices import OperationStatus
 from hosts.engines import get_spec
-from hosts.engines.catalog import GPUS
 from hosts.engines.launch import LaunchError
 from hosts.engines.redaction import masked
 from hosts.models import Deployment, EngineConfig
+from hosts.services.gpus import gpu_count, gpu_facts  # noqa: F401 - used here and by forms
 
 
 def validate_proposal(
@@ -46,30 +46,6 @@ def shown_diff(diff: dict) -> dict:
     """A config diff (``{key: (old, new)}``) as people may read it: secret values (the flag
     spec's ``api_key``, ``env.HF_TOKEN``) masked on both sides, "unset" left visible."""
     return masked(diff)
-
-
-def gpu_count(deployment: Deployment) -> int | None:
-    """The GPUs the deployment uses: those it was given by index, else (none given) its
-    simulator's count or the whole host's."""
-    assigned = deployment.gpus.count()
-    if assigned:
-        return assigned
-    if deployment.runner == "simulator":
-        return int((deployment.simulator or {}).get("num_gpus") or 1)
-    count = deployment.host.gpus.count()
-    return count or None
-
-
-def gpu_facts(deployment: Deployment) -> tuple[str | None, int, int | None]:
-    """``(simulator GPU key, GPU count, one GPU's memory)`` for predictions and warnings."""
-    if deployment.runner == "simulator":
-        key = (deployment.simulator or {}).get("gpu") or "h100-sxm"
-        spec = GPUS.get(key)
-        return key, gpu_count(deployment) or 1, spec.memory_bytes if spec else None
-    gpu = deployment.gpus.first() or deployment.host.gpus.first()
-    if gpu is None:
-        return None, 1, None
-    return advice.gpu_key(gpu.name), gpu_count(deployment) or 1, gpu.memory_bytes
 
 
 def observed_p99_tokens(deployment: Deployment) -> int | None:

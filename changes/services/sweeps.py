@@ -7,8 +7,6 @@ The worker's side (the prediction, the lanes running trials, restoring configs) 
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 from django.conf import settings as conf
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
@@ -23,7 +21,6 @@ from changes.choices import LANE_LOCK_STATES, Decision, LaneState, SweepState, T
 from changes.models import ChangeRequest
 from changes.models_sweeps import Objective, Sweep, SweepApproval, SweepLane, SweepTrial
 from changes.rules_sweeps import SweepRefused, require
-from changes.services.facts import gpu_facts
 from changes.services.sweep_figures import QUANTITIES, load_key, quantity_text
 from controlpanel.choices import OperationStatus
 from controlpanel.jobs import enqueue_on_commit
@@ -112,26 +109,8 @@ def recount_approvals(actor, sweep: Sweep) -> str | None:
     return why
 
 
-def target(deployment: Deployment) -> dict:
-    """What the prediction models: the simulator's GPU key and count, the time scale of a
-    simulated engine (it runs that much faster than a real GPU, and its measured numbers
-    with it), and the price of one GPU-hour (the host's hourly price over its GPUs)."""
-    gpu, num_gpus, _ = gpu_facts(deployment)
-    time_scale = 1.0
-    if deployment.runner == "simulator":
-        time_scale = float((deployment.simulator or {}).get("time_scale") or 1.0)
-    price, currency, source = prices.hourly_price_for(deployment.host)
-    # Per GPU of the host: a deployment given some of its GPUs by index models only those.
-    host_gpus = deployment.host.gpus.count() or num_gpus
-    per_gpu = float(Decimal(price) / host_gpus) if price and host_gpus else None
-    return {
-        "gpu": gpu,
-        "num_gpus": num_gpus,
-        "time_scale": time_scale,
-        "price_per_gpu_hour": per_gpu,
-        "currency": currency,
-        "price_source": source,
-    }
+# What the prediction models (GPU, count, time scale, GPU-hour price): one home below.
+target = prices.deployment_target
 
 
 def twins(deployment: Deployment):

@@ -22,7 +22,6 @@ from django.core.cache import cache
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
-from changes.services.diagnosis_scrape import metrics_url
 from controlpanel.realtime import group_name, publish
 from hosts.choices import DeploymentStatus, HostStatus
 from hosts.engines.metrics import endpoints
@@ -127,7 +126,7 @@ def _scrape_all(deployments: list[Deployment]) -> list[tuple[float, dict | None,
     requests = []
     for d in deployments:
         key = d.api_key()
-        requests.append((metrics_url(d), {"Authorization": f"Bearer {key}"} if key else {}))
+        requests.append((d.metrics_url, {"Authorization": f"Bearer {key}"} if key else {}))
     with httpx.Client(timeout=SCRAPE_TIMEOUT_S, verify=system_trust()) as client:
         if len(requests) == 1:
             return [_scrape(client, *requests[0])]

@@ -12,8 +12,8 @@ from django.db import transaction
 
 from benchmarks.loadgen.profile import BUILTINS
 from benchmarks.models import BenchmarkRun, LoadProfile
+from benchmarks.services.prices import deployment_target
 from benchmarks.sweep.load import sweep_workload
-from changes.services.sweeps import target as deployment_target
 from controlpanel.choices import OperationStatus
 from controlpanel.jobs import enqueue_on_commit
 from controlpanel.services import audit

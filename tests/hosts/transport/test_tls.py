@@ -44,8 +44,7 @@ def test_a_stock_httpx_client_builds_a_context_each_time(contexts_built):
 
 
 def test_the_signal_poll_builds_no_context(contexts_built, monkeypatch):
-    deployment = SimpleNamespace(api_key=lambda: None)
-    monkeypatch.setattr(signals, "metrics_url", lambda d: "http://127.0.0.1:9/metrics")
+    deployment = SimpleNamespace(api_key=lambda: None, metrics_url="http://127.0.0.1:9/metrics")
     (answer,) = signals._scrape_all([deployment])
     assert answer[1] is None and answer[2][0] == "ConnectError"
     assert contexts_built == []
