@@ -79,7 +79,7 @@ class PipelineStage(ABC):
         self.record(change, StageStatus.STARTED, str(change.verify_profile))
         run = _measure(change, purpose, rollback=rollback)
         link = verification.link(run)
-        self.record(change, StageStatus.SUCCEEDED, verification.run_numbers(run), link=link)
+        self.record(change, StageStatus.SUCCEEDED, verification.run_numbers_text(run), link=link)
         return run
 
 
@@ -373,7 +373,7 @@ class Compare(PipelineStage):
             self.record(
                 change,
                 StageStatus.SUCCEEDED,
-                f"extra verification run {spent + 1}: {verification.run_numbers(extra)}",
+                f"extra verification run {spent + 1}: {verification.run_numbers_text(extra)}",
                 link=verification.link(extra),
             )
             result = verification.judge(change)

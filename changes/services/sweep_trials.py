@@ -322,7 +322,7 @@ def _measure(trial: SweepTrial, lane: SweepLane, load: float) -> dict:
         # Its numbers are the load generator's: neither a load the SLO holds at nor one it
         # breaks at, and a starved client will not search any better at the next load.
         raise TrialBroken(f"{run} at {load:.3g} {unit} is {evidence.refusal}: not a valid point")
-    numbers = run_numbers(run)
+    numbers = trial_numbers(run)
     slo = Slo.from_dict(sweep.slo)
     check = slo.check(numbers)
     trial.probes = [
@@ -346,7 +346,7 @@ def _seed(sweep: Sweep) -> int:
     return int((sweep.load_profile.spec or {}).get("seed") or 0)
 
 
-def run_numbers(run: BenchmarkRun) -> dict:
+def trial_numbers(run: BenchmarkRun) -> dict:
     """What the SLO and the charts read off a run: the limits' percentiles, errors, and the
     throughput per user and overall. A run that did not succeed counts as all errors unless
     it measured its own rate (an early stop on errors)."""

@@ -92,7 +92,7 @@ def close_unfinished(runs) -> None:
             benchmark_runs.fail_run(run, "the change's pipeline stopped during the run")
 
 
-def numbers(run: BenchmarkRun | None) -> dict:
+def verdict_numbers(run: BenchmarkRun | None) -> dict:
     """The numbers the verdict reads (``benchmarks.metrics`` via ``changes.verdict``)."""
     return verdict.run_numbers(run) if run is not None else {}
 
@@ -241,7 +241,7 @@ def judge_runs(
     (``itl_p95_band``)."""
     before, after = conditions(baseline), conditions(run)
     ttfts = request_ttfts(run)
-    values = numbers(run)
+    values = verdict_numbers(run)
     pooled = [run] if run is not None else []
     if run is not None and extra:
         after, ttfts = pool(before, after, ttfts, extra, cache_changed=cache_changed)
@@ -253,7 +253,7 @@ def judge_runs(
         values["itl_p95_ms"] = itl_p95
     return refuse_client_limited(
         verdict.verdict(
-            numbers(baseline),
+            verdict_numbers(baseline),
             values,
             thresholds,
             (before, after),
@@ -374,7 +374,7 @@ def _changed_flags(change: ChangeRequest) -> set[str]:
     return {key for key in set(before) | set(after) if before.get(key) != after.get(key)}
 
 
-def run_numbers(run: BenchmarkRun) -> str:
+def run_numbers_text(run: BenchmarkRun) -> str:
     """A benchmark in one line on the timeline."""
     return verdict.numbers_text(verdict.run_numbers(run))
 

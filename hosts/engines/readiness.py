@@ -97,7 +97,7 @@ def judge(health: Answer, models: Answer | None, *, engine: str = "vllm") -> str
     return None
 
 
-def verdict(health: Answer, models: Answer | None, *, engine: str = "vllm") -> Readiness:
+def readiness_of(health: Answer, models: Answer | None, *, engine: str = "vllm") -> Readiness:
     """``judge``'s answer with the served models (empty unless ready)."""
     problem = judge(health, models, engine=engine)
     return Readiness(problem, served_models(models.body) if problem is None and models else ())
@@ -109,7 +109,7 @@ def ask(get: Callable[[str], Answer], *, engine: str = "vllm") -> Readiness:
     paths = endpoints(engine)
     health = get(paths.health)
     models = get(paths.models) if health_passes(health) else None
-    return verdict(health, models, engine=engine)
+    return readiness_of(health, models, engine=engine)
 
 
 def _get(client: httpx.Client, url: str, timeout) -> Answer:
@@ -154,7 +154,7 @@ async def aprobe(
     limit = httpx.USE_CLIENT_DEFAULT if timeout is None else timeout
     health = await _aget(client, base + paths.health, limit)
     models = await _aget(client, base + paths.models, limit) if health_passes(health) else None
-    return verdict(health, models, engine=engine)
+    return readiness_of(health, models, engine=engine)
 
 
 def wait_ready(
