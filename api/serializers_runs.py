@@ -86,6 +86,18 @@ class RunLinksSerializer(serializers.Serializer):
     export_csv = serializers.CharField(help_text="The request log; 404 when the run has none.")
 
 
+class RunCostSerializer(serializers.Serializer):
+    priced = serializers.CharField(
+        help_text='Always "when the run finished": the host\'s price of that moment, for the GPUs '
+        "the run used. The cost page (and its API) re-prices runs at today's prices."
+    )
+    hourly_price = serializers.FloatField(allow_null=True)
+    currency = serializers.CharField()
+    per_million_output = serializers.FloatField(
+        allow_null=True, help_text="At the measured output throughput, fully utilised."
+    )
+
+
 class RunDetailSerializer(serializers.Serializer):
     """One run: where it stands, what it ran, and ``results``: its numbers under the names of
     the result JSON the panel exports (``p95_ttft_ms``, ``error_rate``, ``completed`` …),
@@ -117,6 +129,7 @@ class RunDetailSerializer(serializers.Serializer):
     notes = serializers.ListField(child=serializers.CharField())
     results = serializers.DictField(allow_null=True)
     shards = serializers.IntegerField(help_text="Load generators that sent the run's load.")
+    cost = RunCostSerializer(help_text="The run's own cost, priced when it finished.")
     client_limited = serializers.DictField(
         help_text="Whether the run may be evidence (benchmarks.evidence): state usable, "
         "client_limited (refused by verdicts, the gate, the advisor, capacity, sweeps and the "

@@ -269,12 +269,24 @@ def detail(run: BenchmarkRun) -> dict:
         "shards": run.shards,
         "shard_health": shard_health(run) if run.shards > 1 else [],
         "client_limited": usable_as_evidence(run).to_dict(),
+        "cost": run_cost(run),
         "links": {
             "page": run.get_absolute_url(),
             "timeline": reverse("api:run-timeline", args=[run.pk]),
             "export_json": reverse("benchmarks:export_json", args=[run.pk]),
             "export_csv": reverse("benchmarks:export_csv", args=[run.pk]),
         },
+    }
+
+
+def run_cost(run: BenchmarkRun) -> dict:
+    """The run's own cost: priced once, when it finished, at its host's price of that moment
+    (the GPUs it used); the cost page re-prices runs at today's prices and says so."""
+    return {
+        "priced": "when the run finished",
+        "hourly_price": float(run.hourly_price) if run.hourly_price is not None else None,
+        "currency": run.currency,
+        "per_million_output": run.cost_per_million_output,
     }
 
 

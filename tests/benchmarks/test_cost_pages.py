@@ -507,3 +507,37 @@ def test_matching_prices_cost_no_query_per_run(client, viewer):
 def test_same_gpus(price_model, price_count, run_model, run_count, same):
     price = Price(name="t", hourly_price=Decimal("1"), gpu_model=price_model, gpu_count=price_count)
     assert services.same_gpus(price, run_model, run_count) is same
+
+
+# --- one cost of a run, and which ---------------------------------------------------------------
+
+
+def test_a_run_s_own_cost_is_priced_when_it_ran_and_the_cost_page_says_it_uses_today_s(
+    client, viewer
+):
+    """Issue 39: a run had two costs, the price stored when it finished and the cost page's
+    re-pricing at today's prices, with nothing saying which was shown. Now each says."""
+    from benchmarks.loadgen.stats import summarize
+    from benchmarks.services.results import store_results
+
+    host = make_host(name="repriced", hourly_price=Decimal("2.50"))
+    run = make_run(make_deployment(host), status="succeeded")
+    store_results(run, {**summarize([]), "output_throughput": 1280.0})
+    run.refresh_from_db()
+    assert run.hourly_price == Decimal("2.5000")
+    host.hourly_price = Decimal("5.00")  # the price changed since
+    host.save()
+
+    client.force_login(viewer)
+    text = client.get(reverse("benchmarks:part", args=[run.pk, "results"])).content.decode()
+    assert "priced when it ran (2.50 USD/h)" in text and "at today's prices</a>" in text
+    detail = client.get(f"/api/v1/runs/{run.pk}/").json()
+    assert detail["cost"] == {
+        "priced": "when the run finished",
+        "hourly_price": 2.5,
+        "currency": "USD",
+        "per_million_output": pytest.approx(PER_M_OUTPUT),
+    }
+    today = cost_page(client, viewer, runs=[run.pk])
+    assert rows_by_run(today)[run.pk]["price"] == Decimal("5.0000")
+    assert 'data-testid="priced-today"' in today.content.decode()
