@@ -10,8 +10,6 @@ A new step — a quality probe, a sweep trial — is one more class listed in ``
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
 from django.db import transaction
 from django.urls import reverse
 
@@ -21,66 +19,22 @@ from changes.choices import ChangeKind, ChangeState, Stage, StageStatus
 from changes.models import ChangeRequest
 from changes.rules import stale_message
 from changes.services import verification
-from changes.services.timeline import finish, record_stage, transition
-from controlpanel.choices import OperationStatus
+from changes.services.stage_base import (  # noqa: F401 - the pipeline's names, re-exported
+    WHILE_APPLYING,
+    PipelineStage,
+    RollbackRequested,
+    StageFailed,
+    rollback_asked,
+)
+from changes.services.stage_base import measure_profile as _measure
+from changes.services.stage_base import succeeded as _succeeded
+from changes.services.stages_quality import QualityBaseline, QualityVerify
+from changes.services.timeline import finish, transition
 from hosts.choices import OperationOutcome
 from hosts.models import EngineConfig, EngineOperation
 from hosts.services import operations as host_operations
 
 S = ChangeState
-WHILE_APPLYING = "a rollback was requested while the change was being applied"
-
-
-class StageFailed(Exception):
-    """A stage could not complete. ``message`` goes on the stage's timeline entry (with
-    ``detail`` and ``link``); ``reason`` (the message by default) is the change's outcome.
-    ``rollback``: put the snapshot config back; otherwise nothing was changed on the host."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        rollback: bool,
-        reason: str | None = None,
-        detail: str = "",
-        link: str = "",
-    ):
-        super().__init__(message)
-        self.message, self.rollback = message, rollback
-        self.reason = reason or message
-        self.detail, self.link = detail, link
-
-
-class RollbackRequested(Exception):
-    """Someone asked for a rollback (``ChangeRequest.rollback_requested``); the message is
-    the outcome to record."""
-
-
-class PipelineStage(ABC):
-    """One step. ``stage`` is its name on the timeline; ``rollback_reason`` is the outcome
-    when a rollback request is found before it runs (None: don't look before this one)."""
-
-    stage: Stage
-    rollback_reason: str | None = WHILE_APPLYING
-
-    @abstractmethod
-    def is_done(self, change: ChangeRequest) -> bool:
-        """True when this step has nothing left to do for ``change`` (resume skips it)."""
-
-    @abstractmethod
-    def run(self, change: ChangeRequest) -> None:
-        """Do the step, recording it; raise ``StageFailed`` when it cannot complete."""
-
-    def record(self, change: ChangeRequest, status: StageStatus, message: str = "", **extra):
-        record_stage(change, self.stage, status, message, **extra)
-
-    def measure(self, change: ChangeRequest, purpose: str, *, rollback: bool) -> BenchmarkRun:
-        """Run the change's profile as this step, recording its start and its numbers."""
-        self.record(change, StageStatus.STARTED, str(change.verify_profile))
-        run = _measure(change, purpose, rollback=rollback)
-        link = verification.link(run)
-        self.record(change, StageStatus.SUCCEEDED, verification.run_numbers_text(run), link=link)
-        return run
 
 
 class Snapshot(PipelineStage):
@@ -425,28 +379,6 @@ class Done(PipelineStage):
 DECIDE = "Your decision: keep v{} as it runs, or propose a rollback."
 
 
-def _succeeded(run: BenchmarkRun | None) -> bool:
-    return run is not None and run.status == OperationStatus.SUCCEEDED
-
-
-def _measure(change: ChangeRequest, purpose: str, *, rollback: bool) -> BenchmarkRun:
-    """Run the change's profile now; a run that cannot start or does not succeed fails the
-    stage. A rollback asked for during the run wins over judging it."""
-    run, refused = verification.run_benchmark(change, purpose)
-    if rollback and rollback_asked(change):
-        raise RollbackRequested("a rollback was requested during the verification")
-    if not _succeeded(run):
-        message = refused or f"the {purpose} benchmark {run.status}: {run.error}"
-        reason = message if rollback else message + " Nothing was changed."
-        raise StageFailed(message, rollback=rollback, reason=reason, link=verification.link(run))
-    return run
-
-
-def rollback_asked(change: ChangeRequest) -> bool:
-    change.refresh_from_db(fields=["rollback_requested"])
-    return change.rollback_requested
-
-
 def run_inline(operation: EngineOperation) -> EngineOperation:
     """Run (or, after a lost worker, close) an engine operation here on the pipeline's
     worker."""
@@ -463,9 +395,6 @@ def run_inline(operation: EngineOperation) -> EngineOperation:
 def _settings_text(flat: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(flat.items()))
 
-
-# The quality stages need everything above (a cycle resolved by importing them here).
-from changes.services.stages_quality import QualityBaseline, QualityVerify  # noqa: E402
 
 STAGES: tuple[PipelineStage, ...] = (
     Snapshot(),

@@ -15,7 +15,12 @@ from benchmarks.services import probes
 from changes.choices import Stage, StageStatus
 from changes.models import ChangeRequest
 from changes.services.quality import PROBE_CONCURRENCY, PROBE_FIELDS
-from changes.services.stages import PipelineStage, RollbackRequested, StageFailed, rollback_asked
+from changes.services.stage_base import (
+    PipelineStage,
+    RollbackRequested,
+    StageFailed,
+    rollback_asked,
+)
 from controlpanel.choices import OperationStatus
 
 

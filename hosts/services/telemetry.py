@@ -17,9 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Avg, Count, F, Max, Min, Q
-from django.db.models.functions import TruncMinute
-from django.db.models.lookups import GreaterThan
+from django.db.models import Max
 from django.utils import timezone
 
 from controlpanel.choices import OperationStatus
@@ -36,7 +34,7 @@ from hosts.models import (
     Host,
     clock_events,
 )
-from hosts.models_telemetry import THROTTLE_REASONS
+from hosts.services import telemetry_hours, telemetry_sql
 from hosts.services.hosts import offer_host_key, set_status
 from hosts.services.inventory import refresh_inventory
 from hosts.services.transports import forget_transport, poll_transport, transport_for
@@ -79,27 +77,6 @@ ENGINE_STATES = {
 }
 UNKNOWN_ENGINE = "the host does not know this engine: nothing runs under its name"
 POLL_BACKOFF = timedelta(seconds=15)  # how often a host that is down is tried again
-MINUTE_FIELDS = [
-    "samples",
-    "utilization_avg",
-    "utilization_max",
-    "memory_used_max",
-    "power_avg",
-    "power_max",
-    "temperature_max",
-    "sm_clock_avg",
-    "sm_clock_min",
-    "throttled_samples",
-    "power_limit_max",
-    "sm_clock_max",
-    "mem_clock_avg",
-    "pcie_tx_avg",
-    "pcie_tx_max",
-    "pcie_rx_avg",
-    "pcie_rx_max",
-    "reason_samples",
-    *(f"throttle_{key}" for key, _bit, _words in THROTTLE_REASONS),
-]
 
 
 # --- polling -----------------------------------------------------------------------------------
@@ -344,8 +321,6 @@ def downsample_telemetry(now: datetime | None = None) -> dict:
     this picks up the backlog, so raw rows are never deleted unaggregated. On PostgreSQL the
     roll-up is one ``INSERT … SELECT … GROUP BY`` and the deletes go in bounded chunks
     (``hosts.services.telemetry_sql``)."""
-    from hosts.services import telemetry_hours, telemetry_sql
-
     now = now or timezone.now()
     this_minute = now.replace(second=0, microsecond=0)
     newest = GpuSampleMinute.objects.aggregate(m=Max("minute"))["m"]
@@ -367,69 +342,3 @@ def downsample_telemetry(now: datetime | None = None) -> dict:
         "minutes_deleted": minutes_deleted,
         "hours_deleted": hours_deleted,
     }
-
-
-def _minute_aggregates(start: datetime | None, end: datetime) -> list[GpuSampleMinute]:
-    """One unsaved ``GpuSampleMinute`` per GPU and minute of the raw samples with
-    ``start <= time < end`` (the portable roll-up: SQLite)."""
-    raw = GpuSample.objects.filter(time__lt=end)
-    if start is not None:
-        raw = raw.filter(time__gte=start)
-    rows = (
-        raw.annotate(m=TruncMinute("time"))
-        .values("gpu_id", "m")
-        .annotate(
-            n=Count("id"),
-            util_avg=Avg("utilization_pct"),
-            util_max=Max("utilization_pct"),
-            mem_max=Max("memory_used_bytes"),
-            power_avg=Avg("power_w"),
-            power_max=Max("power_w"),
-            power_limit_max=Max("power_limit_w"),
-            temp_max=Max("temperature_c"),
-            sm_avg=Avg("sm_clock_mhz"),
-            sm_min=Min("sm_clock_mhz"),
-            sm_max=Max("sm_clock_mhz"),
-            mem_clock_avg=Avg("mem_clock_mhz"),
-            pcie_tx_avg=Avg("pcie_tx_kbps"),
-            pcie_tx_max=Max("pcie_tx_kbps"),
-            pcie_rx_avg=Avg("pcie_rx_kbps"),
-            pcie_rx_max=Max("pcie_rx_kbps"),
-            # Idle is bit 0x1: any other reason makes the mask 2 or more.
-            throttled=Count("id", filter=Q(clocks_event_reasons__gt=1)),
-            reason_samples=Count("clocks_event_reasons"),
-            **{f"throttle_{key}": reason_count(bit) for key, bit, _words in THROTTLE_REASONS},
-        )
-    )
-    return [
-        GpuSampleMinute(
-            gpu_id=r["gpu_id"],
-            minute=r["m"],
-            samples=r["n"],
-            utilization_avg=r["util_avg"],
-            utilization_max=r["util_max"],
-            memory_used_max=r["mem_max"],
-            power_avg=r["power_avg"],
-            power_max=r["power_max"],
-            power_limit_max=r["power_limit_max"],
-            temperature_max=r["temp_max"],
-            sm_clock_avg=r["sm_avg"],
-            sm_clock_min=r["sm_min"],
-            sm_clock_max=r["sm_max"],
-            mem_clock_avg=r["mem_clock_avg"],
-            pcie_tx_avg=r["pcie_tx_avg"],
-            pcie_tx_max=r["pcie_tx_max"],
-            pcie_rx_avg=r["pcie_rx_avg"],
-            pcie_rx_max=r["pcie_rx_max"],
-            throttled_samples=r["throttled"],
-            reason_samples=r["reason_samples"],
-            **{f"throttle_{k}": r[f"throttle_{k}"] for k, _bit, _words in THROTTLE_REASONS},
-        )
-        for r in rows
-    ]
-
-
-def reason_count(bit: int) -> Count:
-    """How many samples had clock-event reason ``bit`` set (bitwise AND in SQL: the same
-    on SQLite and PostgreSQL)."""
-    return Count("id", filter=Q(GreaterThan(F("clocks_event_reasons").bitand(bit), 0)))

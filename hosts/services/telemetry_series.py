@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from hosts.models import GpuSample, GpuSampleHour, GpuSampleMinute, Host
 from hosts.models_telemetry import THROTTLE_REASONS
-from hosts.services.telemetry import reason_count
+from hosts.services.telemetry_sql import reason_count
 
 RANGES = {
     "10m": timedelta(minutes=10),

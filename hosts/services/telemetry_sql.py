@@ -24,9 +24,35 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Avg, Count, F, Max, Min, Q
+from django.db.models.functions import TruncMinute
+from django.db.models.lookups import GreaterThan
 
 from hosts.models import Gpu, GpuSample, GpuSampleMinute, Host
 from hosts.models_telemetry import THROTTLE_REASONS
+
+# The columns of a minute of a GPU's telemetry, as both roll-ups write them.
+MINUTE_FIELDS = [
+    "samples",
+    "utilization_avg",
+    "utilization_max",
+    "memory_used_max",
+    "power_avg",
+    "power_max",
+    "temperature_max",
+    "sm_clock_avg",
+    "sm_clock_min",
+    "throttled_samples",
+    "power_limit_max",
+    "sm_clock_max",
+    "mem_clock_avg",
+    "pcie_tx_avg",
+    "pcie_tx_max",
+    "pcie_rx_avg",
+    "pcie_rx_max",
+    "reason_samples",
+    *(f"throttle_{key}" for key, _bit, _words in THROTTLE_REASONS),
+]
 
 # The sample columns after ``gpu_id`` and ``time``, with how a reading's value is made one
 # (the ORM's own conversions: ``int()`` for integer fields, ``float()`` for float fields).
@@ -209,7 +235,6 @@ def roll_up(start: datetime | None, end: datetime) -> int:
     ``end`` are whole minutes. Returns the minute rows written."""
     if not postgres():
         return _roll_up_orm(start, end)
-    from hosts.services.telemetry import MINUTE_FIELDS
 
     sql = _ROLLUP.format(
         throttle_columns=", ".join(f"throttle_{key}" for key, _bit, _words in THROTTLE_REASONS),
@@ -229,9 +254,8 @@ def roll_up(start: datetime | None, end: datetime) -> int:
 
 
 def _roll_up_orm(start: datetime | None, end: datetime) -> int:
-    from hosts.services.telemetry import MINUTE_FIELDS, _minute_aggregates
 
-    minutes = _minute_aggregates(start, end)
+    minutes = minute_aggregates(start, end)
     GpuSampleMinute.objects.bulk_create(
         minutes,
         batch_size=500,
@@ -262,3 +286,70 @@ def delete_before(model, column: str, cutoff: datetime, *, chunk: int | None = N
         deleted += count
         if count < chunk:
             return deleted
+
+
+# --- the portable roll-up (SQLite): the same columns -------------------------------------------
+def minute_aggregates(start: datetime | None, end: datetime) -> list[GpuSampleMinute]:
+    """One unsaved ``GpuSampleMinute`` per GPU and minute of the raw samples with
+    ``start <= time < end`` (the portable roll-up: SQLite)."""
+    raw = GpuSample.objects.filter(time__lt=end)
+    if start is not None:
+        raw = raw.filter(time__gte=start)
+    rows = (
+        raw.annotate(m=TruncMinute("time"))
+        .values("gpu_id", "m")
+        .annotate(
+            n=Count("id"),
+            util_avg=Avg("utilization_pct"),
+            util_max=Max("utilization_pct"),
+            mem_max=Max("memory_used_bytes"),
+            power_avg=Avg("power_w"),
+            power_max=Max("power_w"),
+            power_limit_max=Max("power_limit_w"),
+            temp_max=Max("temperature_c"),
+            sm_avg=Avg("sm_clock_mhz"),
+            sm_min=Min("sm_clock_mhz"),
+            sm_max=Max("sm_clock_mhz"),
+            mem_clock_avg=Avg("mem_clock_mhz"),
+            pcie_tx_avg=Avg("pcie_tx_kbps"),
+            pcie_tx_max=Max("pcie_tx_kbps"),
+            pcie_rx_avg=Avg("pcie_rx_kbps"),
+            pcie_rx_max=Max("pcie_rx_kbps"),
+            # Idle is bit 0x1: any other reason makes the mask 2 or more.
+            throttled=Count("id", filter=Q(clocks_event_reasons__gt=1)),
+            reason_samples=Count("clocks_event_reasons"),
+            **{f"throttle_{key}": reason_count(bit) for key, bit, _words in THROTTLE_REASONS},
+        )
+    )
+    return [
+        GpuSampleMinute(
+            gpu_id=r["gpu_id"],
+            minute=r["m"],
+            samples=r["n"],
+            utilization_avg=r["util_avg"],
+            utilization_max=r["util_max"],
+            memory_used_max=r["mem_max"],
+            power_avg=r["power_avg"],
+            power_max=r["power_max"],
+            power_limit_max=r["power_limit_max"],
+            temperature_max=r["temp_max"],
+            sm_clock_avg=r["sm_avg"],
+            sm_clock_min=r["sm_min"],
+            sm_clock_max=r["sm_max"],
+            mem_clock_avg=r["mem_clock_avg"],
+            pcie_tx_avg=r["pcie_tx_avg"],
+            pcie_tx_max=r["pcie_tx_max"],
+            pcie_rx_avg=r["pcie_rx_avg"],
+            pcie_rx_max=r["pcie_rx_max"],
+            throttled_samples=r["throttled"],
+            reason_samples=r["reason_samples"],
+            **{f"throttle_{k}": r[f"throttle_{k}"] for k, _bit, _words in THROTTLE_REASONS},
+        )
+        for r in rows
+    ]
+
+
+def reason_count(bit: int) -> Count:
+    """How many samples had clock-event reason ``bit`` set (bitwise AND in SQL: the same
+    on SQLite and PostgreSQL)."""
+    return Count("id", filter=Q(GreaterThan(F("clocks_event_reasons").bitand(bit), 0)))

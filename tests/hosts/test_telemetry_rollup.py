@@ -101,7 +101,7 @@ def expected_minutes(samples):
 
 def stored_minutes():
     return {
-        (m.gpu_id, m.minute): {f: getattr(m, f) for f in telemetry.MINUTE_FIELDS}
+        (m.gpu_id, m.minute): {f: getattr(m, f) for f in telemetry_sql.MINUTE_FIELDS}
         for m in GpuSampleMinute.objects.all()
     }
 
