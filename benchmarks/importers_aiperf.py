@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 
 import ijson
 
-from benchmarks import importers as base
+from benchmarks import importers_common as base
 from benchmarks.resultstream import READ_SIZE, opened
 
 AIPERF = "aiperf"

@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 import ijson
 from ijson.common import ObjectBuilder
 
-from benchmarks import importers as base
+from benchmarks import importers_common as base
 from benchmarks.resultstream import MAX_BUILT_VALUES, READ_SIZE, json_error
 
 GUIDELLM = "guidellm"
