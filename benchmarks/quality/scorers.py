@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.quality import patterns, schemas
-from benchmarks.quality.items import CHOICE_LETTERS, ProbeItem
+from benchmarks.quality.item import CHOICE_LETTERS, ProbeItem
 
 
 @dataclass(frozen=True)

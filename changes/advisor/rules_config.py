@@ -7,9 +7,9 @@ import re
 from collections.abc import Iterator
 
 from changes.advisor import text
-from changes.advisor.engine import rule
 from changes.advisor.facts import RunFacts, Snapshot
 from changes.advisor.findings import CRITICAL, INFO, WARNING, Finding, Suggestion
+from changes.advisor.registry import rule
 from changes.advisor.rules_common import CONTEXT, MEMORY, TP, current_run, flag, lengths, total_p99
 
 # --- max-model-len-oversized -------------------------------------------------------------------

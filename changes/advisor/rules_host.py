@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from changes.advisor import text
-from changes.advisor.engine import rule
 from changes.advisor.facts import Snapshot
 from changes.advisor.findings import CRITICAL, WARNING, Finding, Suggestion
+from changes.advisor.registry import rule
 
 # --- gpu-throttled -----------------------------------------------------------------------------
 # NVML clock-event reasons that hold clocks down for power or heat, by their name with case and

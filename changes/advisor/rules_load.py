@@ -7,9 +7,9 @@ import math
 from collections.abc import Iterator
 
 from changes.advisor import text
-from changes.advisor.engine import rule
 from changes.advisor.facts import EngineWindow, Snapshot, StageFacts
 from changes.advisor.findings import CRITICAL, INFO, WARNING, Finding, Suggestion
+from changes.advisor.registry import rule
 from changes.advisor.rules_common import (
     BATCHED,
     FP8_KV,

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from changes.advisor import text
-from changes.advisor.engine import rule
 from changes.advisor.facts import LengthFacts, RunFacts, Snapshot
 from changes.advisor.findings import CRITICAL, INFO, WARNING, Finding, Suggestion
+from changes.advisor.registry import rule
 from changes.advisor.rules_common import current_run
 
 # --- errors-behind-speed -----------------------------------------------------------------------

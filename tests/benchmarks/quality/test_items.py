@@ -2,7 +2,7 @@
 
 import json
 
-from benchmarks.quality.items import ProbeItem, parse_jsonl, prompt_text, to_jsonl
+from benchmarks.quality.items import item_from_dict, parse_jsonl, prompt_text, to_jsonl
 
 GOOD = {
     "id": "q1",
@@ -32,7 +32,7 @@ def test_good_line_round_trips():
     assert prompt_text(item) == "Capital of France?"
     again = parse_jsonl(to_jsonl(parsed.items))
     assert again.items == parsed.items
-    assert ProbeItem.from_dict(item.to_dict()) == item
+    assert item_from_dict(item.to_dict()) == item
 
 
 def test_each_problem_named_with_its_line():
