@@ -3,6 +3,7 @@ from django.db.models.signals import post_migrate
 
 
 def _builtin_profiles(sender, **kwargs):
+    # A post_migrate handler: the services load after the app registry, as its models need.
     from benchmarks.services.profiles import ensure_builtin_profiles
 
     ensure_builtin_profiles()
@@ -20,6 +21,7 @@ class BenchmarksConfig(AppConfig):
     name = "benchmarks"
 
     def ready(self):
+        # Models and services load only once Django's app registry is ready (AppConfig.ready).
         from benchmarks.services import probes, runs
         from hosts.services import occupancy
 

@@ -108,6 +108,7 @@ def spec_with_override(spec: dict, override: dict | None) -> dict:
     new traffic is (measured: +44 % max rate on a simulated H100)."""
     if not override:
         return spec
+    # The sweep package loads the simulator's cost model: only a run at another load needs it.
     from benchmarks.sweep.load import apply_load
 
     out = apply_load(spec, override["mode"], override["value"])

@@ -61,6 +61,7 @@ def import_result(job_pk: int) -> None:
 @shared_task(**timelimits.benchmark(int(settings.BENCHMARK_MAX_SECONDS)).options())
 def run_probe(run_pk: int) -> None:
     """Ask a deployment a probe set's questions (``benchmarks.services.probes``)."""
+    # Imported as the task runs: a web process queueing it loads this module, not the work's.
     from benchmarks.models import ProbeRun
     from benchmarks.services import probes
 

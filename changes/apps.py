@@ -5,6 +5,7 @@ class ChangesConfig(AppConfig):
     name = "changes"
 
     def ready(self):
+        # Models and services load only once Django's app registry is ready (AppConfig.ready).
         from changes.services import apply, sweeps
         from hosts.services import occupancy
 

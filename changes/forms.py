@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from benchmarks.models import BenchmarkRun, LoadProfile
 from changes import forms_launch
 from changes.choices import ChangeState
+from changes.models import Finding
 from changes.services import facts
 from controlpanel.choices import OperationStatus
 from hosts.engines import get_spec
@@ -223,8 +224,6 @@ class ProposeForm(forms.Form):
     def __init__(self, deployment: Deployment, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.deployment = deployment
-        from changes.models import Finding
-
         self.fields["finding"].queryset = Finding.objects.filter(deployment=deployment)
         running = deployment.active_config
         self.running = dict(running.settings) if running else {}

@@ -45,6 +45,7 @@ PREDICT_SWEEP = timelimits.TimeLimit(570, 600)
 
 @shared_task(ignore_result=True, **PREDICT_SWEEP.options())
 def predict_sweep(sweep_pk: int) -> None:
+    # Imported as the task runs: a web process queueing it loads this module, not the work's.
     from changes.models import Sweep
     from changes.services import sweep_prediction
 
@@ -61,6 +62,7 @@ def predict_sweep(sweep_pk: int) -> None:
 # The limit is sent per lane from its sweep's budget (sweeps.lane_time_limit).
 @shared_task(bind=True, ignore_result=True, **timelimits.DEFAULT_PIPELINE.options())
 def run_sweep_lane(self, lane_pk: int) -> None:
+    # Imported as the task runs: a web process queueing it loads this module, not the work's.
     from changes.models import SweepLane
     from changes.services import sweep_trials
 
@@ -79,6 +81,7 @@ def run_sweep_lane(self, lane_pk: int) -> None:
 @shared_task(ignore_result=True, **timelimits.operation(settings.ENGINE_READY_TIMEOUT).options())
 def retry_restore(lane_pk: int) -> None:
     """One try of a sweep lane's pending restore (``sweep_trials.retry_restore``)."""
+    # Imported as the task runs: a web process queueing it loads this module, not the work's.
     from changes.services import sweep_trials
 
     sweep_trials.retry_restore(lane_pk)
@@ -88,6 +91,7 @@ def retry_restore(lane_pk: int) -> None:
 def resume_lost_sweep_lanes() -> int:
     """Lanes whose worker died go on on a new worker (``controlpanel.lostwork`` runs the
     same pass every minute)."""
+    # Imported as the task runs: a web process queueing it loads this module, not the work's.
     from changes.services import sweep_trials
 
     return sweep_trials.resume_lost_lanes()
@@ -101,6 +105,7 @@ DIAGNOSE_FLEET = timelimits.TimeLimit(50, 60)
 @shared_task(ignore_result=True, **DIAGNOSE_FLEET.options())
 def diagnose_fleet() -> dict:
     """The advisor's beat: re-evaluate every deployment whose host is online."""
+    # Imported as the task runs: a web process queueing it loads this module, not the work's.
     from changes.services import diagnosis
 
     return diagnosis.diagnose_fleet()

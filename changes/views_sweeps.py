@@ -87,6 +87,7 @@ def _described(text_of, *args) -> str:
 
 
 def _space_text(sweep: Sweep) -> str:
+    # The sweep package loads the simulator's cost model: only this page's text needs it.
     from benchmarks.sweep import Dimension
 
     dims = tuple(Dimension(flag, tuple(values)) for flag, values in (sweep.space or {}).items())

@@ -7,6 +7,7 @@ class ControlPanelConfig(AppConfig):
     verbose_name = "Control panel"
 
     def ready(self):
+        # Models and services load only once Django's app registry is ready (AppConfig.ready).
         from controlpanel import (
             checks,  # noqa: F401 - registers the system checks
             signals,  # noqa: F401 - connects the login/logout receivers

@@ -5,6 +5,7 @@ class HostsConfig(AppConfig):
     name = "hosts"
 
     def ready(self):
+        # Models and services load only once Django's app registry is ready (AppConfig.ready).
         from controlpanel.services import register_secret_rule
         from hosts import checks  # noqa: F401 - registers the system checks
         from hosts.engines.redaction import is_secret

@@ -31,7 +31,7 @@ from benchmarks.quality import (
 # change's stages and pages.
 from benchmarks.quality.compare import MIN_ITEMS_FOR_A_VERDICT, quality_verdict  # noqa: F401
 from benchmarks.quality.knowledge import knowledge_lines
-from controlpanel import lostwork
+from controlpanel import lostwork, timelimits
 from controlpanel.choices import OperationStatus
 from controlpanel.jobs import enqueue_on_commit
 from controlpanel.realtime import group_name, publish
@@ -194,8 +194,6 @@ def start_probe(
     """Queue a probe of ``deployment`` with ``probe_set`` on the config it runs now, when
     nothing else uses the engine (``occupancy``, like a benchmark: a probe measures too, and
     a restart under it would fail half its items)."""
-    from controlpanel import timelimits
-
     if not 1 <= concurrency <= 256:
         raise ProbeRefused("Concurrency must be between 1 and 256.")
     try:

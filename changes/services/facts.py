@@ -8,10 +8,12 @@ from django.conf import settings as conf
 
 from benchmarks import records as request_records
 from benchmarks.models import BenchmarkRun, LoadProfile, RunRequestLog
+from benchmarks.services import probes
 from changes import advice
 from changes.models import ChangeRequest
 from changes.rules import ChangeRefused
 from changes.services import config_history
+from changes.services.quality import PROBE_CONCURRENCY, needs_probe
 from controlpanel.choices import OperationStatus
 from hosts.engines import get_spec
 from hosts.engines.launch import LaunchError
@@ -120,9 +122,6 @@ def review_facts(
 def quality_facts(deployment: Deployment, diff: dict) -> dict:
     """Whether the change gets a quality probe (it touches what the model answers), with
     which set and about how long each of its two runs takes; empty when it does not."""
-    from benchmarks.services import probes
-    from changes.services.quality import PROBE_CONCURRENCY, needs_probe
-
     why = needs_probe(deployment.engine, diff)
     if not why:
         return {}

@@ -26,7 +26,7 @@ from changes.choices import LaneState, SweepState, TrialState
 from changes.models_sweeps import Objective, Sweep, SweepLane, SweepTrial, lane_stale_after
 from changes.services import verification
 from changes.services.stages import run_inline
-from changes.services.sweeps import publish_sweep
+from changes.services.sweeps import LANE_TASK, lane_time_limit, outcome_line, publish_sweep
 from controlpanel.choices import OperationStatus
 from controlpanel.heartbeat import Heartbeat
 from controlpanel.jobs import enqueue
@@ -503,8 +503,6 @@ def resume_lost_lanes() -> int:
     """The lost-work sweep's pass: lanes whose worker died go on on a new worker (their
     running trial is failed there, the rest of the queue runs, the original config comes
     back)."""
-    from changes.services.sweeps import LANE_TASK, lane_time_limit
-
     lanes = list(lost_lanes().select_related("sweep"))
     for lane in lanes:
         enqueue(LANE_TASK, lane.pk, **lane_time_limit(lane.sweep).options())
@@ -559,8 +557,6 @@ def pick_winner(sweep: Sweep, trials: list[SweepTrial]) -> SweepTrial | None:
 
 def summary_text(sweep: Sweep, trials: list[SweepTrial], winner: SweepTrial | None) -> str:
     """How the sweep ended, in words, on the evidence of its trials."""
-    from changes.services.sweeps import outcome_line
-
     measured = [t for t in trials if t.state == T.SUCCEEDED]
     failed = [t for t in trials if t.state == T.FAILED]
     head = f"{len(measured)} of {len(trials)} trials measured"

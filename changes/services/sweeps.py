@@ -10,18 +10,22 @@ from __future__ import annotations
 from django.conf import settings as conf
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from benchmarks.loadgen.spec import SpecError
 from benchmarks.models import LoadProfile
 from benchmarks.services import prices
 from benchmarks.services import runs as benchmark_runs
 from benchmarks.sweep import Slo, SloError, SpaceError, parse_space, sweep_workload
+from benchmarks.sweep.load import apply_load
 from changes import rules
 from changes.choices import LANE_LOCK_STATES, Decision, LaneState, SweepState, TrialState
 from changes.models import ChangeRequest
 from changes.models_sweeps import Objective, Sweep, SweepApproval, SweepLane, SweepTrial
 from changes.rules_sweeps import SweepRefused, require
+from changes.services.review import propose_change
 from changes.services.sweep_figures import QUANTITIES, load_key, quantity_text
+from controlpanel import timelimits
 from controlpanel.choices import OperationStatus
 from controlpanel.jobs import enqueue_on_commit
 from controlpanel.realtime import group_name, publish
@@ -353,8 +357,6 @@ def start_sweep(actor, sweep: Sweep) -> Sweep:
 def lane_time_limit(sweep: Sweep):
     """The wall-time budget, plus the trial that may still run at its end (its restart and
     its benchmarks) and the restore of the original config."""
-    from controlpanel import timelimits
-
     per_run = benchmark_runs.time_limit_for(sweep.load_profile)
     restart = timelimits.operation_budget(conf.ENGINE_READY_TIMEOUT)
     soft = sweep.max_minutes * 60 + sweep.max_steps * per_run + 2 * restart
@@ -443,8 +445,6 @@ def verification_profile(sweep: Sweep, control: SweepTrial | None) -> LoadProfil
     saved."""
     if control is None or not control.met_slo or not control.max_load:
         return sweep.load_profile
-    from benchmarks.sweep.load import apply_load
-
     profile = sweep.load_profile
     unit = "req/s" if sweep.load_mode == "rate" else "users"
     return LoadProfile.objects.create_next(
@@ -486,8 +486,6 @@ def outcome_line(sweep: Sweep, trial: SweepTrial) -> str:
 def propose_winner(actor, sweep: Sweep, **fields) -> ChangeRequest:
     """The winner as a change of the deployment, through the normal review, with the sweep
     attached as its evidence."""
-    from changes.services.review import propose_change
-
     require("propose", actor, sweep)
     proposal = winner_proposal(sweep)
     proposal.update(fields)
@@ -515,8 +513,6 @@ def progress(sweep: Sweep) -> dict:
             )
             eta_s = each * left / lanes
         if sweep.deadline is not None:
-            from django.utils import timezone
-
             budget_left = (sweep.deadline - timezone.now()).total_seconds()
             eta_s = max(0.0, budget_left) if eta_s is None else min(eta_s, max(0.0, budget_left))
     return {

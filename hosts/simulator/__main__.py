@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     # answers without it, as quickly as the real CLIs refuse.
     import uvicorn
 
+    # Loaded only to serve: a usage error or --help answers without the server's imports.
     from hosts.simulator.runner import EngineRunner
     from hosts.simulator.server import create_app
 
