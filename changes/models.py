@@ -23,7 +23,7 @@ from changes.choices import (
     ChangeState,
     Decision,
 )
-from controlpanel.models import InvalidTransition
+from controlpanel.workflow import StateMachine
 from hosts.models import flat_config, flat_diff
 
 S = ChangeState
@@ -73,7 +73,7 @@ class ChangeRequestQuerySet(models.QuerySet):
         )
 
 
-class ChangeRequest(models.Model):
+class ChangeRequest(StateMachine, models.Model):
     """A proposed change of one deployment's engine settings and its whole life: review,
     apply, verification and, when it went wrong, the rollback.
 
@@ -308,41 +308,11 @@ class ChangeRequest(models.Model):
     def get_absolute_url(self) -> str:
         return reverse("changes:detail", args=[self.pk])
 
-    # --- the state machine ----------------------------------------------------------------
-    @property
-    def state_choice(self) -> ChangeState:
-        return ChangeState(self.state)
-
-    def can_become(self, state: ChangeState) -> bool:
-        return ChangeState(state) in TRANSITIONS[self.state_choice]
-
-    def transition_problem(self, state: ChangeState) -> str | None:
-        """None when the state machine allows becoming ``state``, else why not."""
-        state = ChangeState(state)
-        if self.can_become(state):
-            return None
-        allowed = ", ".join(sorted(s.label.lower() for s in TRANSITIONS[self.state_choice]))
-        return (
-            f"Change #{self.pk} is {self.state_choice.label.lower()}: it cannot become "
-            f"{state.label.lower()} (from here: {allowed or 'nothing, it is finished'})."
-        )
-
-    def transition_to(self, state: ChangeState) -> ChangeState:
-        """Move to ``state`` if the state machine allows it, stamping its time; saves the row
-        and returns the state it left. The caller holds the row lock and writes the audit."""
-        state = ChangeState(state)
-        problem = self.transition_problem(state)
-        if problem:
-            raise InvalidTransition(problem)
-        before = self.state_choice
-        self.state = state
-        fields = ["state", "updated_at"]
-        stamp = STAMPS.get(state)
-        if stamp:
-            setattr(self, stamp, timezone.now())
-            fields.append(stamp)
-        self.save(update_fields=fields)
-        return before
+    # --- the state machine (controlpanel.workflow.StateMachine) -----------------------------
+    STATES = ChangeState
+    TRANSITIONS = TRANSITIONS
+    STAMPS = STAMPS
+    NOUN = "Change"
 
     @property
     def is_finished(self) -> bool:

@@ -28,7 +28,7 @@ from changes.choices import (
     SweepState,
     TrialState,
 )
-from controlpanel.models import InvalidTransition
+from controlpanel.workflow import StateMachine
 
 S = SweepState
 
@@ -63,7 +63,7 @@ class LoadMode(models.TextChoices):
     CONCURRENCY = "concurrency", "Concurrent users (closed loop)"
 
 
-class Sweep(models.Model):
+class Sweep(StateMachine, models.Model):
     """A search for the config that serves the most (or the cheapest) under an SLO on one
     deployment (and, in parallel, on its twins: same engine, model and GPUs).
 
@@ -140,39 +140,15 @@ class Sweep(models.Model):
     def get_absolute_url(self) -> str:
         return reverse("changes:sweep", args=[self.pk])
 
-    @property
-    def state_choice(self) -> SweepState:
-        return SweepState(self.state)
+    # --- the state machine (controlpanel.workflow.StateMachine) -----------------------------
+    STATES = SweepState
+    TRANSITIONS = SWEEP_TRANSITIONS
+    STAMPS = SWEEP_STAMPS
+    NOUN = "Sweep"
 
     @property
     def is_finished(self) -> bool:
         return self.state_choice.finished
-
-    def transition_problem(self, state: SweepState) -> str | None:
-        state = SweepState(state)
-        if state in SWEEP_TRANSITIONS[self.state_choice]:
-            return None
-        return (
-            f"Sweep #{self.pk} is {self.state_choice.label.lower()}: it cannot become "
-            f"{state.label.lower()}."
-        )
-
-    def transition_to(self, state: SweepState) -> SweepState:
-        """Move to ``state`` when allowed, stamping its time; saves and returns the old one.
-        The caller holds the row lock and writes the audit."""
-        state = SweepState(state)
-        problem = self.transition_problem(state)
-        if problem:
-            raise InvalidTransition(problem)
-        before = self.state_choice
-        self.state = state
-        fields = ["state", "updated_at"]
-        stamp = SWEEP_STAMPS.get(state)
-        if stamp:
-            setattr(self, stamp, timezone.now())
-            fields.append(stamp)
-        self.save(update_fields=fields)
-        return before
 
     @property
     def deadline(self):

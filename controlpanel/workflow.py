@@ -1,0 +1,66 @@
+"""The workflows' shared machinery: a state machine for a model whose ``state`` moves only along
+its allowed transitions, stamping the time each state is entered.
+
+A change request and a tuning sweep are both such machines (``changes.models.ChangeRequest``,
+``changes.models_sweeps.Sweep``): each declares its states, what each may become, which time
+field each stamps and the noun its refusals use; the rule and its words are here, once.
+(``BackgroundOperation`` keeps its own ``status`` machine: queued → running → an end, with its
+error and log, one field set for every kind of job.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from django.db import models
+from django.utils import timezone
+
+from controlpanel.models import InvalidTransition
+
+
+class StateMachine:
+    """Mixed into a model with a ``state`` field (and ``updated_at``). Subclasses set
+    ``STATES`` (the choices class), ``TRANSITIONS`` (state → the states it may become; every
+    state listed, a final one with none), ``STAMPS`` (state → the time field it sets when
+    entered) and ``NOUN`` (what a refusal calls the object: "Change", "Sweep")."""
+
+    STATES: type[models.TextChoices]
+    TRANSITIONS: Mapping
+    STAMPS: Mapping = {}
+    NOUN = "Object"
+
+    @property
+    def state_choice(self):
+        return self.STATES(self.state)
+
+    def can_become(self, state) -> bool:
+        return self.STATES(state) in self.TRANSITIONS[self.state_choice]
+
+    def transition_problem(self, state) -> str | None:
+        """None when the state machine allows becoming ``state``, else why not, naming what
+        this state may become."""
+        state = self.STATES(state)
+        if self.can_become(state):
+            return None
+        allowed = ", ".join(sorted(s.label.lower() for s in self.TRANSITIONS[self.state_choice]))
+        return (
+            f"{self.NOUN} #{self.pk} is {self.state_choice.label.lower()}: it cannot become "
+            f"{state.label.lower()} (from here: {allowed or 'nothing, it is finished'})."
+        )
+
+    def transition_to(self, state):
+        """Move to ``state`` if the state machine allows it, stamping its time; saves the row
+        and returns the state it left. The caller holds the row lock and writes the audit."""
+        state = self.STATES(state)
+        problem = self.transition_problem(state)
+        if problem:
+            raise InvalidTransition(problem)
+        before = self.state_choice
+        self.state = state
+        fields = ["state", "updated_at"]
+        stamp = self.STAMPS.get(state)
+        if stamp:
+            setattr(self, stamp, timezone.now())
+            fields.append(stamp)
+        self.save(update_fields=fields)
+        return before
