@@ -51,9 +51,8 @@ class ChangeKind(models.TextChoices):
     ROLLBACK = "rollback", "Rollback to an earlier version"
 
 
-class Decision(ColouredChoices):
-    APPROVE = "approve", "Approved", "green"
-    REJECT = "reject", "Rejected", "red"
+# A reviewer's decision: the workflows' one (a change's, a sweep's, a first start's).
+from controlpanel.workflow import Decision  # noqa: E402, F401
 
 
 class Stage(models.TextChoices):

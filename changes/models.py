@@ -23,7 +23,7 @@ from changes.choices import (
     ChangeState,
     Decision,
 )
-from controlpanel.workflow import StateMachine
+from controlpanel.workflow import ReviewDecision, StateMachine
 from hosts.models import flat_config, flat_diff
 
 S = ChangeState
@@ -377,18 +377,12 @@ class ChangeRequest(StateMachine, models.Model):
         return self.current_approvals().filter(decision=Decision.APPROVE).count()
 
 
-class Approval(models.Model):
+class Approval(ReviewDecision):
     """One reviewer's decision on a change, with their comment. One per reviewer per round of
     review: a round is the base config the change was reviewed against, so a rebase deletes
     nothing, and decisions made against an older base simply stop counting."""
 
     change = models.ForeignKey(ChangeRequest, on_delete=models.CASCADE, related_name="approvals")
-    reviewer = models.ForeignKey(
-        conf.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    reviewer_name = models.CharField(max_length=150)
-    decision = models.CharField(max_length=8, choices=Decision.choices)
-    comment = models.TextField(blank=True)
     base_config = models.ForeignKey(
         "hosts.EngineConfig",
         null=True,
@@ -396,10 +390,8 @@ class Approval(models.Model):
         related_name="+",
         help_text="The running config the reviewer saw the change against.",
     )
-    created_at = models.DateTimeField(default=timezone.now)
 
-    class Meta:
-        ordering = ["created_at", "pk"]
+    class Meta(ReviewDecision.Meta):
         constraints = [
             models.UniqueConstraint(
                 fields=["change", "reviewer", "base_config"], name="approval_once_per_round"

@@ -28,7 +28,7 @@ from changes.choices import (
     SweepState,
     TrialState,
 )
-from controlpanel.workflow import StateMachine
+from controlpanel.workflow import ReviewDecision, StateMachine
 
 S = SweepState
 
@@ -282,21 +282,13 @@ class SweepTrial(models.Model):
         return ", ".join(f"{k}={v}" for k, v in sorted(self.point.items())) or "—"
 
 
-class SweepApproval(models.Model):
+class SweepApproval(ReviewDecision):
     """A reviewer's decision on a sweep as a whole: its space, budget, load and the hosts it
     restarts. One per reviewer; the proposer never reviews their own sweep."""
 
     sweep = models.ForeignKey(Sweep, on_delete=models.CASCADE, related_name="approvals")
-    reviewer = models.ForeignKey(
-        conf.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    reviewer_name = models.CharField(max_length=150)
-    decision = models.CharField(max_length=8, choices=Decision.choices)
-    comment = models.TextField(blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
 
-    class Meta:
-        ordering = ["created_at", "pk"]
+    class Meta(ReviewDecision.Meta):
         constraints = [
             models.UniqueConstraint(fields=["sweep", "reviewer"], name="sweepapproval_once")
         ]

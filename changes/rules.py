@@ -31,6 +31,7 @@ from django.utils import timezone
 
 from changes.advice import start_failures
 from changes.choices import ChangeState
+from controlpanel.workflow import four_eyes_problem
 from hosts.services.code_loading import (  # noqa: F401 - the one rule, used by name here
     LOAD_CODE,
     code_loading_flags,
@@ -86,9 +87,7 @@ def _may_review(user, change) -> str | None:
     """The four-eyes rule, whatever the page showed."""
     if not user.has_perm(APPROVE):
         return "Only Approvers and Admins review changes."
-    if _is_proposer(user, change):
-        return f"You proposed change #{change.pk}: someone else must review it (four-eyes rule)."
-    return None
+    return four_eyes_problem(user, change.proposed_by_id, f"change #{change.pk}", made="proposed")
 
 
 def _may_approve(user, change) -> str | None:

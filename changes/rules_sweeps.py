@@ -13,6 +13,7 @@ from django.core.exceptions import PermissionDenied
 
 from changes.choices import SweepState
 from changes.rules import APPLY, APPROVE, OVERRIDE, PROPOSE, Rule
+from controlpanel.workflow import four_eyes_problem
 
 S = SweepState
 
@@ -32,9 +33,7 @@ def _may_propose(user, sweep) -> str | None:
 def _may_review(user, sweep) -> str | None:
     if not user.has_perm(APPROVE):
         return "Only Approvers and Admins review sweeps."
-    if user.pk == sweep.created_by_id:
-        return f"You made sweep #{sweep.pk}: someone else must review it (four-eyes rule)."
-    return None
+    return four_eyes_problem(user, sweep.created_by_id, f"sweep #{sweep.pk}")
 
 
 def _may_run(user, sweep) -> str | None:

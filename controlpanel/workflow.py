@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from controlpanel.choices import ColouredChoices
 from controlpanel.models import InvalidTransition
 
 
@@ -64,3 +66,37 @@ class StateMachine:
             fields.append(stamp)
         self.save(update_fields=fields)
         return before
+
+
+class Decision(ColouredChoices):
+    """A reviewer's decision, on a change, a sweep or a new deployment's first start."""
+
+    APPROVE = "approve", "Approved", "green"
+    REJECT = "reject", "Rejected", "red"
+
+
+class ReviewDecision(models.Model):
+    """One reviewer's decision with their comment (the concrete models add what it is on, and
+    how often one reviewer may decide). The four-eyes rule is ``four_eyes_problem``."""
+
+    reviewer = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reviewer_name = models.CharField(max_length=150)
+    decision = models.CharField(max_length=8, choices=Decision.choices)
+    comment = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        abstract = True
+        ordering = ["created_at", "pk"]
+
+
+def four_eyes_problem(
+    user, author_id, what: str, *, made: str = "made", verb: str = "review it"
+) -> str | None:
+    """Why ``user`` may not review what they themselves made (``what``: "change #3"), or
+    None. The rule every review follows: a change's, a sweep's, a first start's."""
+    if author_id is not None and user.pk == author_id:
+        return f"You {made} {what}: someone else must {verb} (four-eyes rule)."
+    return None

@@ -16,6 +16,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from controlpanel.services import audit
+from controlpanel.workflow import four_eyes_problem
 from hosts.choices import DeploymentStatus, OperationKind
 from hosts.models import Deployment, DeploymentApproval, EngineConfig
 from hosts.services.operations import request_operation
@@ -43,9 +44,13 @@ def review_problem(user, deployment: Deployment) -> str | None:
         return f"{deployment} is not awaiting approval."
     if not user.has_perm(APPROVE_PERMISSION):
         return "Only Approvers and Admins approve a deployment's first start."
-    if deployment.created_by_id is not None and deployment.created_by_id == user.pk:
-        return "You created this deployment: someone else must approve its first start."
-    return None
+    return four_eyes_problem(
+        user,
+        deployment.created_by_id,
+        "this deployment",
+        made="created",
+        verb="approve its first start",
+    )
 
 
 def review_first_start(user, deployment: Deployment, decision: str, comment: str = ""):
