@@ -23,7 +23,7 @@ from changes.choices import (
     ChangeState,
     Decision,
 )
-from controlpanel.workflow import ReviewDecision, StateMachine
+from controlpanel.workflow import Claim, ReviewDecision, StateMachine
 from hosts.models import flat_config, flat_diff
 
 S = ChangeState
@@ -348,15 +348,13 @@ class ChangeRequest(StateMachine, models.Model):
 
     @staticmethod
     def stale_after() -> timedelta:
-        """How long a pipeline may stay silent before it counts as lost: three missed stamps
-        (CHANGE_HEARTBEAT_SECONDS each)."""
-        return timedelta(seconds=conf.CHANGE_HEARTBEAT_SECONDS * 3)
+        """How long a pipeline may stay silent before it counts as lost (``PIPELINE``)."""
+        return PIPELINE.stale_after()
 
     def pipeline_alive(self) -> bool:
         """A worker stamped this change recently: its pipeline runs, so nobody else may
         resume it."""
-        beat = self.pipeline_heartbeat_at
-        return bool(beat and timezone.now() - beat < self.stale_after())
+        return PIPELINE.alive(self)
 
     def allowed_actions(self, user) -> set[str]:
         """What ``user`` may do with this change now, for the page's buttons (``rules``; the
@@ -409,3 +407,7 @@ class Approval(ReviewDecision):
 # The advisor's findings live in their own module; imported here so Django registers them.
 from changes.models_findings import Finding  # noqa: E402, F401
 from changes.models_sweeps import Sweep, SweepApproval, SweepLane, SweepTrial  # noqa: E402, F401
+
+# How a worker claims a change's pipeline (controlpanel.workflow.Claim): while the change holds
+# its deployment's lock.
+PIPELINE = Claim("pipeline_owner", "pipeline_heartbeat_at", lambda change: change.holds_lock)

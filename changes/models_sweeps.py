@@ -28,7 +28,7 @@ from changes.choices import (
     SweepState,
     TrialState,
 )
-from controlpanel.workflow import ReviewDecision, StateMachine
+from controlpanel.workflow import Claim, ReviewDecision, StateMachine
 
 S = SweepState
 
@@ -209,12 +209,20 @@ class SweepLane(models.Model):
         return self.state in LANE_LOCK_STATES
 
     def alive(self) -> bool:
-        beat = self.heartbeat_at
-        return bool(beat and timezone.now() - beat < lane_stale_after())
+        return LANE.alive(self)
+
+
+# How a worker claims a sweep's lane (controlpanel.workflow.Claim): while it holds its
+# deployment, except a restore pending, which is the lost-work sweep's to retry.
+LANE = Claim(
+    "owner",
+    "heartbeat_at",
+    lambda lane: lane.holds_lock and lane.state != LaneState.RESTORE_PENDING,
+)
 
 
 def lane_stale_after() -> timedelta:
-    return timedelta(seconds=conf.CHANGE_HEARTBEAT_SECONDS * 3)
+    return LANE.stale_after()
 
 
 class SweepTrial(models.Model):

@@ -17,7 +17,7 @@ from benchmarks.models import BenchmarkRun, ProbeRun
 from benchmarks.services import runs as benchmark_runs
 from changes import rules
 from changes.choices import LOCK_STATES, ChangeState
-from changes.models import ChangeRequest
+from changes.models import PIPELINE, ChangeRequest
 from changes.rules import ChangeRefused
 from changes.services import review
 from changes.services.timeline import locked, record, transition
@@ -172,9 +172,8 @@ def resume_lost_pipelines() -> list[ChangeRequest]:
     machine died and the broker has not redelivered yet) is resumed, so it reaches a known
     end without waiting for someone to notice. Pipelines that never started are left alone:
     their task may only be waiting for a free worker."""
-    cutoff = timezone.now() - ChangeRequest.stale_after() - timedelta(seconds=60)
-    lost = ChangeRequest.objects.filter(
-        state__in=LOCK_STATES, pipeline_heartbeat_at__lt=cutoff
+    lost = PIPELINE.lost(
+        ChangeRequest.objects.filter(state__in=LOCK_STATES), grace=timedelta(seconds=60)
     ).select_related("deployment")
     resumed = []
     for change in lost:

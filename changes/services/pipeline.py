@@ -12,16 +12,13 @@ import time
 import uuid
 
 from django.conf import settings as conf
-from django.db import transaction
-from django.utils import timezone
 
 from benchmarks.services import runs as benchmark_runs
-from changes.choices import ChangeState, Stage, StageStatus
-from changes.models import ChangeRequest
+from changes.choices import LOCK_STATES, ChangeState, Stage, StageStatus
+from changes.models import PIPELINE, ChangeRequest
 from changes.services import stages as pipeline_stages
 from changes.services.stages import WHILE_APPLYING, RollbackRequested, StageFailed, run_inline
 from changes.services.timeline import finish, record_stage
-from controlpanel.heartbeat import Heartbeat
 from hosts.choices import OperationOutcome
 from hosts.services import operations as host_operations
 from hosts.services import transports as host_transports
@@ -38,15 +35,11 @@ def claim(change_pk: int, owner: str, wait_s: float | None = None) -> ChangeRequ
         wait_s = ChangeRequest.stale_after().total_seconds() + conf.CHANGE_HEARTBEAT_SECONDS
     deadline = time.monotonic() + wait_s
     while True:
-        with transaction.atomic():
-            change = ChangeRequest.objects.select_for_update().filter(pk=change_pk).first()
-            if change is None or not change.holds_lock:
-                return None
-            if change.pipeline_owner in ("", owner) or not change.pipeline_alive():
-                change.pipeline_owner = owner
-                change.pipeline_heartbeat_at = timezone.now()
-                change.save(update_fields=["pipeline_owner", "pipeline_heartbeat_at"])
-                return change
+        change = PIPELINE.take(ChangeRequest.objects.all(), change_pk, owner)
+        if change is not None:
+            return change
+        if not ChangeRequest.objects.filter(pk=change_pk, state__in=LOCK_STATES).exists():
+            return None  # gone or finished: nothing to wait for
         if time.monotonic() >= deadline:
             return None
         time.sleep(1)
@@ -58,9 +51,7 @@ def run_pipeline(change_pk: int, owner: str | None = None, stages=None) -> Chang
     change = claim(change_pk, owner)
     if change is None:
         return None
-    beating = ChangeRequest.objects.filter(pk=change.pk, pipeline_owner=owner)
-    every = conf.CHANGE_HEARTBEAT_SECONDS
-    with Heartbeat(beating, "pipeline_heartbeat_at", every, f"change-{change.pk}"):
+    with PIPELINE.beating(ChangeRequest.objects.all(), change.pk, owner, f"change-{change.pk}"):
         drive(
             ChangeRequest.objects.select_related(
                 "deployment__host", "base_config", "snapshot_config", "applied_config"

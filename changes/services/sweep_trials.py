@@ -23,12 +23,11 @@ from benchmarks.sweep import (
     sweep_workload,
 )
 from changes.choices import LaneState, SweepState, TrialState
-from changes.models_sweeps import Objective, Sweep, SweepLane, SweepTrial, lane_stale_after
+from changes.models_sweeps import LANE, Objective, Sweep, SweepLane, SweepTrial
 from changes.services import verification
 from changes.services.stages import run_inline
 from changes.services.sweeps import LANE_TASK, lane_time_limit, outcome_line, publish_sweep
 from controlpanel.choices import OperationStatus
-from controlpanel.heartbeat import Heartbeat
 from controlpanel.jobs import enqueue
 from controlpanel.services import audit
 from hosts.choices import OperationOutcome
@@ -52,29 +51,19 @@ class TrialBroken(Exception):
 # --- a lane ------------------------------------------------------------------------------------
 def claim_lane(lane_pk: int, owner: str) -> SweepLane | None:
     """Take the lane for ``owner`` unless a live worker has it."""
-    with transaction.atomic():
-        lane = SweepLane.objects.select_for_update().filter(pk=lane_pk).first()
-        if lane is None or not lane.holds_lock or lane.state == LaneState.RESTORE_PENDING:
-            return None  # gone, done, or its restore is the lost-work sweep's to retry
-        if lane.owner not in ("", owner) and lane.alive():
-            return None
-        lane.owner, lane.heartbeat_at, lane.state = owner, timezone.now(), LaneState.RUNNING
-        lane.save(update_fields=["owner", "heartbeat_at", "state"])
-    return lane
+    return LANE.take(SweepLane.objects.all(), lane_pk, owner, also={"state": LaneState.RUNNING})
 
 
 def run_lane(lane_pk: int, owner: str | None = None) -> SweepLane | None:
     """The worker's part of one lane: trials until none is left (or the sweep is cancelled,
     or its wall-time budget is spent), then the original config back, then the sweep's end
     when it was the last lane."""
-    from django.conf import settings as conf
 
     owner = owner or uuid.uuid4().hex
     lane = claim_lane(lane_pk, owner)
     if lane is None:
         return None
-    beating = SweepLane.objects.filter(pk=lane.pk, owner=owner)
-    with Heartbeat(beating, "heartbeat_at", conf.CHANGE_HEARTBEAT_SECONDS, f"lane-{lane.pk}"):
+    with LANE.beating(SweepLane.objects.all(), lane.pk, owner, f"lane-{lane.pk}"):
         try:
             _fail_orphans(lane)
             while True:
@@ -611,5 +600,4 @@ def abandon_lane(lane_pk: int, error: str) -> None:
 
 def lost_lanes():
     """Lanes running with no heartbeat for three beats: their worker is gone."""
-    cutoff = timezone.now() - lane_stale_after()
-    return SweepLane.objects.filter(state=LaneState.RUNNING, heartbeat_at__lt=cutoff)
+    return LANE.lost(SweepLane.objects.filter(state=LaneState.RUNNING))

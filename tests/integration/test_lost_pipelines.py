@@ -107,7 +107,7 @@ def kill(process) -> None:
 def a_minute_later():
     """``timezone.now`` for the pipeline pass, 70 s on: its grace after the stamps stop."""
     later = timezone.now() + timedelta(seconds=70)
-    return mock.patch("changes.services.apply.timezone.now", return_value=later)
+    return mock.patch("controlpanel.workflow.timezone.now", return_value=later)
 
 
 def test_a_change_whose_worker_dies_mid_baseline_is_resumed_to_an_end(
