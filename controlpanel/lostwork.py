@@ -53,6 +53,9 @@ ENDINGS: dict[str, str] = {
 }
 
 
+FORGOTTEN_AFTER = timedelta(days=1)
+
+
 def kind_of(row) -> str:
     return row._meta.label_lower
 
@@ -96,10 +99,17 @@ def claim_of(row) -> WorkClaim | None:
     return WorkClaim.objects.filter(kind=kind_of(row), object_id=row.pk).first()
 
 
+def lost_claim(row, now: datetime | None = None) -> WorkClaim | None:
+    """``row``'s claim when the worker that holds it stopped answering, else None."""
+    claim = claim_of(row)
+    if claim is not None and claim.heartbeat_at < (now or timezone.now()) - stale_after():
+        return claim
+    return None
+
+
 def is_lost(row, now: datetime | None = None) -> bool:
     """Whether ``row``'s job was claimed by a worker that stopped answering."""
-    claim = claim_of(row)
-    return claim is not None and claim.heartbeat_at < (now or timezone.now()) - stale_after()
+    return lost_claim(row, now) is not None
 
 
 def release(row) -> None:
@@ -136,6 +146,11 @@ def end_lost(now: datetime | None = None) -> list[str]:
             continue
         # Gone only if no worker took it over meanwhile (its heartbeat is fresh again).
         WorkClaim.objects.filter(pk=claim.pk, heartbeat_at__lt=now - stale_after()).delete()
+    # The claims of work that resumes on its own (a pipeline, a lane) are replaced when it
+    # does; one silent for a day belongs to work that ended another way: only a record.
+    WorkClaim.objects.filter(heartbeat_at__lt=now - FORGOTTEN_AFTER).exclude(
+        kind__in=list(ENDINGS)
+    ).delete()
     return ended
 
 

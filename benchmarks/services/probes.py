@@ -259,9 +259,9 @@ def cancel_probe(actor, run: ProbeRun) -> ProbeRun:
             raise ProbeRefused(f"Probe #{run.pk} has finished: nothing to cancel.")
         if run.status == OperationStatus.QUEUED:
             run.transition_to(OperationStatus.CANCELLED, error="cancelled before it started")
-        elif lostwork.is_lost(run):
+        elif (lost := lostwork.lost_claim(run)) is not None:
             # No worker will read the request: ended here, which frees its deployment.
-            run.append_log("cancelled: " + lostwork.lost_text(lostwork.claim_of(run)))
+            run.append_log("cancelled: " + lostwork.lost_text(lost))
             run.transition_to(OperationStatus.CANCELLED, error="cancelled; its worker was lost")
             lostwork.release(run)
         else:

@@ -185,8 +185,8 @@ def cancel_benchmark(actor, run: BenchmarkRun) -> BenchmarkRun:
             raise RunRefused(f"{run} is {run.get_status_display().lower()}: nothing to cancel.")
         if run.status == OperationStatus.QUEUED:
             run.transition_to(OperationStatus.CANCELLED, error="cancelled before it started")
-        elif lostwork.is_lost(run):
-            run.append_log("cancelled: " + lostwork.lost_text(lostwork.claim_of(run)))
+        elif (lost := lostwork.lost_claim(run)) is not None:
+            run.append_log("cancelled: " + lostwork.lost_text(lost))
             run.transition_to(OperationStatus.CANCELLED, error="cancelled; its worker was lost")
             lostwork.release(run)
         else:

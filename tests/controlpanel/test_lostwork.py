@@ -176,3 +176,16 @@ def test_the_sweep_is_one_beat_task(settings):
         "changes.tasks.resume_lost_pipelines",
         "changes.tasks.resume_lost_sweep_lanes",
     }
+
+
+def test_a_day_old_claim_of_work_that_resumes_on_its_own_is_forgotten(deployment, operator):
+    """A pipeline's or a lane's claim is replaced when the work resumes; one left by work that
+    ended another way goes after a day (it is only a record), an hour-old one stays."""
+    sweep = create(operator, deployment)
+    lane = sweep.lanes.get()
+    day_old = left_by_a_dead_worker(lane, seconds_ago=2 * 86400)
+    WorkClaim.objects.filter(pk=day_old.pk).update(kind="changes.sweeplane")
+    recent = left_by_a_dead_worker(sweep, seconds_ago=3600)
+    WorkClaim.objects.filter(pk=recent.pk).update(kind="changes.changerequest")
+    lostwork.end_lost()
+    assert list(WorkClaim.objects.values_list("kind", flat=True)) == ["changes.changerequest"]
