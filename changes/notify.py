@@ -1,5 +1,5 @@
 """Telling people about a change: email through Django's mail backend, and a Slack-compatible
-webhook (``{"text": ...}``), both configured by environment (see the README).
+webhook (``{"text": ...}``), both configured by environment (see the manual, docs/configuration.md).
 
 Runs on a worker (``tasks.notify_change``), never inside the request or the pipeline: a slow
 mail server must not hold up a review or an apply. What was sent, or why not, goes on the

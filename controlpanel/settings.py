@@ -4,7 +4,7 @@ Two modes share this file. With ``REDIS_URL`` unset the panel runs *embedded*: S
 ``var/``, a Celery worker and beat running as threads inside the web process on Celery's in-memory
 transport, and Channels' in-memory layer. With ``REDIS_URL`` set it runs in *production* mode:
 Redis is the Celery broker and the Channels layer, and web, worker and beat are separate
-processes (see docker-compose.yml). README.md documents every variable read here.
+processes (see docker-compose.yml). docs/configuration.md documents every variable read here.
 """
 
 from __future__ import annotations

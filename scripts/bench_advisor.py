@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How long the advisor takes on one deployment (README: "Advisor"; issue 17's target: under
+"""How long the advisor takes on one deployment (docs/: "Advisor"; issue 17's target: under
 50 ms to evaluate every rule).
 
 Builds a full snapshot by hand — 8 GPUs (a 70B model at tensor parallel 8, two of them

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How the runs API holds up with many runs (README: "API").
+"""How the runs API holds up with many runs (docs/: "API").
 
 Fills a throwaway database with ``--runs`` finished runs (default 10,000) with
 ``bench_history``'s generator (JSON parts and all), then times the runs API with a viewer's

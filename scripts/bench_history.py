@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How the benchmark history page holds up with many runs (README: "Benchmarks").
+"""How the benchmark history page holds up with many runs (docs/: "Benchmarks").
 
 Fills a throwaway database with ``--runs`` finished runs (default 10,000) spread over hosts,
 deployments, config versions, load profiles and people, each with a realistic summary and

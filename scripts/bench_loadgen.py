@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How right the load generator's clock is (README: "Benchmarks").
+"""How right the load generator's clock is (docs/: "Benchmarks").
 
 A fixed-latency server (benchmarks/loadgen/testserver.py, in its own process) sends the first
 token TTFT ms after each request arrives and one token every ITL ms after that. Everything a

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How fast every main page answers, idle and while a benchmark loads the machine (README:
+"""How fast every main page answers, idle and while a benchmark loads the machine (docs/:
 "Performance"; issue 21's target: every page under 300 ms with both cores busy).
 
 Starts the panel as ``make run`` does (``manage.py serve --demo``: embedded, SQLite, the demo

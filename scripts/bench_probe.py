@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """How long the built-in quality probe takes on the simulator, and what it finds between a
-full-precision model and its FP8 and AWQ (INT4) variants (README: "Quality probes").
+full-precision model and its FP8 and AWQ (INT4) variants (docs/: "Quality probes").
 
 Starts one simulated vLLM engine per variant (Llama-3.1-8B on an H100, real time, given the
 built-in sets' knowledge file, each in its own process), asks each the probe set

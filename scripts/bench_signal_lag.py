@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How far the panel's live signals lag the engine (README: "Scaling"; issue 20 asks < 3 s).
+"""How far the panel's live signals lag the engine (docs/: "Scaling"; issue 20 asks < 3 s).
 
 Starts a simulated vLLM engine with a small batch (``--max-num-seqs``), a throwaway SQLite
 database with one online host and one running deployment pointing at it, and a "beat"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of the simulated GPU server (README: "Benchmarks").
+"""Benchmark of the simulated GPU server (docs/: "Benchmarks").
 
 1. Virtual time: how fast predict() simulates 10,000 requests.
 2. Real time: 1,000 concurrent streams against a running simulator (client in a second

@@ -1,5 +1,5 @@
 """How long the predict phase of a tuning sweep takes: a 200-point space scored with rate
-bisection, as the README quotes it.
+bisection, as the manual quotes it.
 
     .venv/bin/python scripts/bench_sweep.py [--workers N] [--json]
 

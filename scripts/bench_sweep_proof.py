@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The tuning sweep's two promises, measured through the panel's whole path (README:
+"""The tuning sweep's two promises, measured through the panel's whole path (docs/:
 "Benchmarks"): with a third of a grid's real trials the sweep's winner is within 5 % of the
 best config the full grid finds, and each trial's measured max rate at the SLO is within 15 %
 of the simulator's prediction.

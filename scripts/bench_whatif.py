@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How long a capacity-planning what-if takes (README: "Capacity planning"; issue 20's target:
+"""How long a capacity-planning what-if takes (docs/: "Capacity planning"; issue 20's target:
 a 24-hour day at one-minute resolution for 4 policies in under 20 s on the panel's machine).
 
 For each demo fleet deployment (``hosts.demo.FLEET``, its active config: the last version)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Print the simulator-vs-public calibration table (markdown, for the README).
+"""Print the simulator-vs-public calibration table (markdown, for the manual, docs/).
 
 Every row is a point of hosts/simulator/calibration.py, re-simulated now in virtual time;
 tests/hosts/simulator/test_calibration.py fails when one drifts beyond ±15 %.

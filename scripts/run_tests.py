@@ -45,7 +45,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/controlpanel"
-# Measured on the 2-core CI machine (README "Tests"): the suite waits on processes and
+# Measured on the 2-core CI machine (docs/development.md "Tests"): the suite waits on processes and
 # sockets as much as it computes, so more workers than cores pay, up to a point.
 DEFAULT_WORKERS = 4
 NO_TESTS = 5  # pytest's exit code when a selection is empty
@@ -286,7 +286,7 @@ def main(extra: list[str]) -> int:
     timing_log = Path(base["VAR_DIR"]) / "timing-lane.log"
     reports = os.environ.get("TEST_REPORT_DIR")
     if reports:
-        # Every test's time, per step, for tools/analysis (README "Tests": where the time goes).
+        # Every test's time, per step, for tools (docs/development.md "Tests": where the time goes).
         Path(reports).mkdir(parents=True, exist_ok=True)
         bulk = [
             (label, env, [*args, f"--junitxml={reports}/step{n}.xml"])

@@ -25,7 +25,7 @@ from django.core import signing
 from hosts.addresses import is_loopback
 from hosts.agent import DEFAULT_PORT
 
-# Where the files go on the GPU server (the README's recipe uses the same names).
+# Where the files go on the GPU server (the manual.s recipe uses the same names).
 PYZ_PATH = "/opt/llm-agent/llm-agent.pyz"
 CONFIG_DIR = "/etc/llm-agent"
 TOKEN_FILE = f"{CONFIG_DIR}/token"

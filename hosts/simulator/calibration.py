@@ -5,7 +5,7 @@ engine, model, GPU, tensor parallelism, the workload as the source ran it and th
 reported. ``measure(point)`` runs the same workload through ``predict`` — the scheduler, KV
 cache and cost model the real-time server runs — and returns the simulator's value of that
 metric. tests/hosts/simulator/test_calibration.py holds every point within ±15 %;
-``python scripts/calibration_table.py`` prints the table for the README.
+``python scripts/calibration_table.py`` prints the table for the manual (docs/simulator.md).
 
 How vLLM's nightly latency test measures (vllm/benchmarks/latency.py, vLLM 0.11; settings in
 .buildkite/nightly-benchmarks/tests/latency-tests.json): ``LLM.generate`` on a batch of

@@ -66,7 +66,7 @@ def render(kind: str, target: ExportTarget) -> writers.ExportFile:
 
 def scrape_config(panel_url: str) -> str:
     """The Prometheus scrape job for the panel's ``/metrics`` (a bearer token is needed
-    unless the scraper's address is allowed; see the README)."""
+    unless the scraper's address is allowed; see docs/api.md)."""
     scheme, _, rest = panel_url.partition("://")
     host = rest.split("/", 1)[0]
     return (

@@ -6,7 +6,7 @@ prediction.
 A 6-point grid (max_num_seqs × max_num_batched_tokens) of Llama-3.1-8B on a simulated H100
 at half real time: the full grid is 7 real trials (the 6 points and the running config as
 control), the budgeted sweep 2 (a third of 6: the control and the best predicted point).
-``scripts/bench_sweep_proof.py`` runs this test and prints its table (the README's numbers).
+``scripts/bench_sweep_proof.py`` runs this test and prints its table (the manual.s numbers).
 """
 
 from __future__ import annotations

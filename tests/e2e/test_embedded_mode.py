@@ -1,4 +1,4 @@
-"""The README's run command, end to end in a real browser: log in, dashboard, a background
+"""`make run` (the quick start), end to end in a real browser: log in, dashboard, a background
 task through the embedded Celery worker, its progress pushed over the WebSocket."""
 
 from __future__ import annotations

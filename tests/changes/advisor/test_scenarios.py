@@ -23,9 +23,9 @@ from hosts.simulator.predict import Workload, predict
 
 NAMES = sorted(SCENARIOS)
 
-# Mismatches that are findings about a rule, not about the scenario (see the README's matrix).
+# Mismatches that are findings about a rule, not about the scenario (see the manual.s matrix).
 # strict: when the rule changes and the case passes, the mark must go.
-# Mismatches that are findings about a rule, not about the scenario (see the README's matrix).
+# Mismatches that are findings about a rule, not about the scenario (see the manual.s matrix).
 # strict: when the rule changes and the case passes, the mark must go. None at present: the
 # three the scenarios found (tail-growth on a stage's start, cpu-bound's utilisation bound,
 # gpu-throttled at a board's normal power limit) were fixed in the rules.

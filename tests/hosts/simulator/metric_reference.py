@@ -8,7 +8,7 @@ engine, started with the simulator's defaults and after ordinary traffic, expose
 * anything else: a reason the real engine does not show it in that state (a feature that is
   off, a deprecated name hidden by default, a metric declared but never written); the
   simulator must not show it either.
-* ``NOT_MODELLED``: the real engine shows it, the simulator does not (listed in the README).
+* ``NOT_MODELLED``: the real engine shows it, the simulator does not (listed in docs/simulator.md).
 
 Buckets are the ``le`` bounds without ``+Inf``, or None for a family that has none; a bucket
 list that depends on ``max_model_len`` is given for the lengths the tests use.

@@ -57,7 +57,7 @@ def test_more_max_num_seqs_more_throughput_slower_tokens_under_overload():
     assert large["output_throughput"] > 1.3 * small["output_throughput"]
     assert large["itl_ms"]["p50"] > 2 * small["itl_ms"]["p50"]
     # Once admitted, a request waits longer for its first token in the fuller batch; the
-    # end-to-end TTFT still falls because the queue drains faster (see the README).
+    # end-to-end TTFT still falls because the queue drains faster (docs/simulator.md).
     assert large["prefill_ms"]["p50"] > small["prefill_ms"]["p50"]
     assert large["max_concurrent_requests"] == 256 and small["max_concurrent_requests"] == 32
 
