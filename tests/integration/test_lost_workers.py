@@ -106,11 +106,20 @@ def test_a_killed_worker_s_jobs_are_ended_and_their_deployments_freed(
     broker.send_task("benchmarks.tasks.run_probe", args=[probe.pk])
     broker.send_task("changes.tasks.predict_sweep", args=[sweep.pk])
     kinds = {"benchmarks.benchmarkrun", "benchmarks.proberun", "changes.sweep"}
+
+    def all_under_way():
+        # Claimed, and past the start of its work (a claim is taken just before it).
+        return (
+            kinds <= set(WorkClaim.objects.values_list("kind", flat=True))
+            and BenchmarkRun.objects.get(pk=run.pk).status == "running"
+            and ProbeRun.objects.get(pk=probe.pk).status == "running"
+        )
+
     wait_until(
-        lambda: kinds <= set(WorkClaim.objects.values_list("kind", flat=True)),
+        all_under_way,
         120,
         lambda: (
-            f"not every job was claimed: {list(WorkClaim.objects.values())}\n"
+            f"not every job was under way: {list(WorkClaim.objects.values())}\n"
             + worker.output()[-3000:]
         ),
     )
