@@ -22,9 +22,19 @@ LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 
 
 class AgentProcess:
-    """``python -m hosts.agent`` on a free port; stderr (its log) goes to a file."""
+    """``python -m hosts.agent`` on a free port; stderr (its log) goes to a file. A test's agent
+    owns its engines' lifetime, as the demo fleet's does (``--stop-engines-on-exit``: an engine
+    it was starting as the test ended is stopped with it, never left behind), unless
+    ``keep_engines`` (the production default, for the tests of a restart that keeps them)."""
 
-    def __init__(self, tmp: Path, *args: str, token: str | None = None, scheme: str = "http"):
+    def __init__(
+        self,
+        tmp: Path,
+        *args: str,
+        token: str | None = None,
+        scheme: str = "http",
+        keep_engines: bool = False,
+    ):
         self.token = token or secrets.token_urlsafe(32)
         self.token_file = tmp / "token"
         self.token_file.write_text(self.token + "\n")
@@ -40,6 +50,8 @@ class AgentProcess:
             str(self.state_dir),
             *args,
         ]
+        if not keep_engines and "--stop-engines-on-exit" not in args:
+            self.args.append("--stop-engines-on-exit")
         self.scheme = scheme
         self.proc: subprocess.Popen | None = None
         self.url = ""

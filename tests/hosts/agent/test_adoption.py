@@ -123,7 +123,7 @@ def test_systemctl_restart_leaves_the_engines_running_and_the_new_agent_adopts_t
     """The installed unit's restart (``KillMode=process``): SIGTERM to the agent's own pid
     only, then the unit starts it again. The agent used to stop its engines on SIGTERM; now
     they keep serving through the restart and only an explicit stop ends them."""
-    first = start_agent("--simulate", "h100-sxm:2")
+    first = start_agent("--simulate", "h100-sxm:2", keep_engines=True)  # as installed
     port = free_port()
     with first.client() as client:
         assert apply_and_wait(client, "llama", sim_config(port))["state"] == "ready"
