@@ -534,10 +534,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
         default_hard=CELERY_TASK_TIME_LIMIT,
     )
 }
-# Work that outlives a lost worker (controlpanel.lostwork): every long job holds a claim it
-# stamps this often; a claim older than LOST_WORK_AFTER_SECONDS is a lost worker's, and one
-# sweep a minute ends its job (or resumes a pipeline or a sweep's lane, fails a silent
-# benchmark, retries a pending restore).
+# Every long job's claim is stamped this often; one older than LOST_WORK_AFTER_SECONDS is a lost
+# worker's, which the sweep below ends or resumes (controlpanel.lostwork, docs/workers.md).
 LOST_WORK_HEARTBEAT_SECONDS = _env["LOST_WORK_HEARTBEAT_SECONDS"]
 LOST_WORK_AFTER_SECONDS = _env["LOST_WORK_AFTER_SECONDS"]
 CELERY_BEAT_SCHEDULE["sweep-lost-work"] = {
@@ -553,8 +551,7 @@ CHANGE_PRODUCTION_APPROVALS = _env["CHANGE_PRODUCTION_APPROVALS"]
 CHANGE_HEALTH_TIMEOUT = _env["CHANGE_HEALTH_TIMEOUT"]
 # A running pipeline stamps its change this often; three missed beats make it resumable.
 CHANGE_HEARTBEAT_SECONDS = _env["CHANGE_HEARTBEAT_SECONDS"]
-# Quotas: a user's sweeps still predicting (each scores its whole space on a worker), and
-# those not finished (predicting, in review, ready, running).
+# Quotas: a user's sweeps predicting (each scores its whole space on a worker) and not finished.
 SWEEPS_PREDICTING_PER_USER = _env["SWEEPS_PREDICTING_PER_USER"]
 SWEEPS_OPEN_PER_USER = _env["SWEEPS_OPEN_PER_USER"]
 # The probe set a change touching the model's answers (model, dtype, quantisation, KV-cache
